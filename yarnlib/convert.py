@@ -1,0 +1,230 @@
+"""Conversions between ``RopeScaling`` and the dicts transformers and vLLM read.
+
+transformers 4.x reads a top-level ``rope_theta`` plus ``rope_scaling``; 5.x reads
+``rope_parameters`` with ``rope_theta`` inside (and still accepts the 4.x keys, giving
+``rope_scaling`` priority). Methods neither system has are *lowered* to an equivalent
+native form where one exists, and the exact spec is kept beside it under the key
+``yarnlib_rope_scaling``, so a rewrite can always start again from the unscaled model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from yarnlib.frequencies import ntk_theta
+from yarnlib.spec import RAMP_METHODS, YARN_KNOB_DEFAULTS, RopeScaling
+
+MARKER = "yarnlib_rope_scaling"
+HF_DYNAMIC_YARN = "yarnlib_dynamic_yarn"
+# The rope_type each method is written as in a config file.
+NATIVE_TYPE = {
+    "none": "default",
+    "linear": "linear",
+    "ntk": "default",
+    "dynamic_ntk": "dynamic",
+    "ntk_by_parts": "yarn",
+    "yarn": "yarn",
+    "dynamic_yarn": HF_DYNAMIC_YARN,
+}
+FROM_NATIVE_TYPE = {"default": "none", "linear": "linear", "dynamic": "dynamic_ntk", "yarn": "yarn"}
+FROM_NATIVE_TYPE[HF_DYNAMIC_YARN] = "dynamic_yarn"
+# Architectures whose configs may omit rope_theta (transformers then uses 10000).
+ROPE_MODEL_TYPES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3", "olmo2"}
+)
+DEFAULT_ROPE_THETA = 10000.0
+
+
+def native_rope_parameters(spec: RopeScaling) -> dict[str, Any]:
+    """The ``rope_parameters`` dict (v5 form, ``rope_theta`` inside) that runs ``spec``."""
+    method = spec.method
+    if method in ("none", "ntk"):
+        theta = spec.rope_theta
+        if method == "ntk":
+            theta = ntk_theta(spec.rope_theta, spec.rotary_dim, spec.factor)
+        return {"rope_type": "default", "rope_theta": theta}
+    params: dict[str, Any] = {
+        "rope_type": NATIVE_TYPE[method],
+        "rope_theta": spec.rope_theta,
+        "factor": spec.factor,
+    }
+    if method in RAMP_METHODS:
+        params["original_max_position_embeddings"] = spec.original_max_position_embeddings
+        params.update(spec.knobs())
+    if method == "ntk_by_parts":
+        params["attention_factor"] = 1.0
+    return params
+
+
+def config_max_position_embeddings(spec: RopeScaling) -> int | None:
+    """``max_position_embeddings`` for a config running ``spec``.
+
+    transformers' ``dynamic`` rope reads ``max_position_embeddings`` as the *original* length,
+    so that method keeps it; every other method advertises the extended length L × s.
+    """
+    if spec.method == "dynamic_ntk":
+        return spec.original_max_position_embeddings
+    return spec.max_position_embeddings
+
+
+def marker(spec: RopeScaling) -> dict[str, Any]:
+    fields = spec.fields()
+    fields.pop("rotary_dim")  # the config's head_dim says it
+    return {k: v for k, v in fields.items() if YARN_KNOB_DEFAULTS.get(k, object()) != v}
+
+
+def to_hf(spec: RopeScaling, format: str = "v4") -> dict[str, Any]:
+    """The keys of a config.json that run ``spec`` (v4: rope_theta + rope_scaling; v5: rope_parameters)."""
+    if format not in ("v4", "v5"):
+        raise ValueError(f"format must be 'v4' or 'v5', got {format!r}")
+    params = native_rope_parameters(spec)
+    out: dict[str, Any] = {}
+    if format == "v4":
+        out["rope_theta"] = params.pop("rope_theta")
+        out["rope_scaling"] = None if params["rope_type"] == "default" else params
+    else:
+        out["rope_parameters"] = params
+    max_positions = config_max_position_embeddings(spec)
+    if max_positions is not None:
+        out["max_position_embeddings"] = max_positions
+    if spec.method != "none":
+        out[MARKER] = marker(spec)
+    return out
+
+
+def to_vllm(spec: RopeScaling) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments that run ``spec`` with vLLM's own rotary embeddings."""
+    if spec.is_dynamic:
+        raise ValueError(
+            f"method {spec.method!r} has no native vLLM equivalent (vLLM's 'dynamic' rope is "
+            "static: it fixes the scale at max_model_len); natively vLLM runs: none, linear, "
+            "ntk, ntk_by_parts, yarn"
+        )
+    params = native_rope_parameters(spec)
+    # A dict-valued override replaces vLLM's whole rope_parameters: without rope_theta
+    # inside it, theta silently falls back to 10000.
+    overrides: dict[str, Any] = {"rope_parameters": params, "rope_theta": params["rope_theta"]}
+    kwargs: dict[str, Any] = {"hf_overrides": overrides}
+    max_positions = spec.max_position_embeddings
+    if max_positions is not None:
+        # vLLM does not raise the derived max length by `factor` for yarn; say it explicitly.
+        overrides["max_position_embeddings"] = max_positions
+        kwargs["max_model_len"] = max_positions
+    return kwargs
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def config_dict(config: Any) -> dict[str, Any]:
+    if isinstance(config, Mapping):
+        return dict(config)
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    raise ValueError(
+        f"config must be a transformers config or a config.json dict, got {type(config).__name__}"
+    )
+
+
+def rope_parameters_of(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat rope parameters (with rope_theta and rope_type) as transformers 5.x reads them."""
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"rope_scaling/rope_parameters must be a dict, got {params!r}")
+    if any(isinstance(v, Mapping) for v in params.values()):
+        raise ValueError(
+            "rope_parameters: per-layer-type rope settings are not supported by yarnlib, "
+            f"got keys {sorted(params)}"
+        )
+    params = dict(params)
+    params["rope_type"] = params.get("rope_type", params.pop("type", "default"))
+    params.pop("type", None)
+    if params.get("rope_theta") is None:
+        params["rope_theta"] = cfg.get("rope_theta")
+    return params
+
+
+def rotary_dim_of(cfg: Mapping[str, Any], params: Mapping[str, Any]) -> int:
+    head_dim = cfg.get("head_dim")
+    if head_dim is None:
+        hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+        if not hidden or not heads:
+            raise ValueError(
+                "rotary_dim: the config has neither head_dim nor hidden_size and "
+                "num_attention_heads; pass rotary_dim= explicitly"
+            )
+        head_dim = hidden // heads
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0
+    return int(head_dim * partial)
+
+
+def has_rope(cfg: Mapping[str, Any]) -> bool:
+    keys = ("rope_theta", "rope_scaling", "rope_parameters")
+    return any(cfg.get(k) is not None for k in keys) or cfg.get("model_type") in ROPE_MODEL_TYPES
+
+
+def native_spec(cfg: Mapping[str, Any], rotary_dim: int) -> RopeScaling:
+    """The spec equal to what transformers runs for this config, read from its native keys."""
+    params = rope_parameters_of(cfg)
+    rope_type = params["rope_type"]
+    if rope_type not in FROM_NATIVE_TYPE:
+        raise ValueError(
+            f"rope_type {rope_type!r} is not supported by yarnlib; supported: "
+            f"{', '.join(sorted(FROM_NATIVE_TYPE))}"
+        )
+    method = FROM_NATIVE_TYPE[rope_type]
+    theta = params["rope_theta"] if params["rope_theta"] is not None else DEFAULT_ROPE_THETA
+    max_positions = cfg.get("max_position_embeddings")
+    kwargs: dict[str, Any] = {"method": method, "rope_theta": theta, "rotary_dim": rotary_dim}
+    if method == "none":
+        kwargs["original_max_position_embeddings"] = max_positions
+        return RopeScaling(**kwargs)
+    factor = params.get("factor")
+    if method == "dynamic_ntk":
+        kwargs["original_max_position_embeddings"] = max_positions
+    elif method in ("yarn", "dynamic_yarn"):
+        # transformers gives a top-level original_max_position_embeddings priority (Phi3 style).
+        original = cfg.get("original_max_position_embeddings") or params.get(
+            "original_max_position_embeddings", max_positions
+        )
+        kwargs["original_max_position_embeddings"] = original
+        if factor is None and max_positions and original:
+            factor = max_positions / original
+        # transformers treats a falsy beta as "use the default".
+        kwargs["beta_fast"] = params.get("beta_fast") or YARN_KNOB_DEFAULTS["beta_fast"]
+        kwargs["beta_slow"] = params.get("beta_slow") or YARN_KNOB_DEFAULTS["beta_slow"]
+        kwargs["truncate"] = params.get("truncate", True)
+        for knob in ("mscale", "mscale_all_dim", "attention_factor"):
+            kwargs[knob] = params.get(knob)
+    else:  # linear: L is not part of transformers' linear config
+        kwargs["original_max_position_embeddings"] = cfg.get("original_max_position_embeddings")
+    if factor is None:
+        raise ValueError(f"rope_scaling.factor is required for rope_type {rope_type!r}")
+    kwargs["factor"] = factor
+    return RopeScaling(**kwargs)
+
+
+def from_hf(config: Any, rotary_dim: int | None = None) -> RopeScaling:
+    """The spec a transformers config (object or config.json dict, v4 or v5 keys) runs.
+
+    When the config carries yarnlib's marker and its native keys are still what the marker
+    lowers to, the marker's exact spec is returned (so ``ntk`` stays ``ntk`` and keeps its
+    unscaled theta); if someone edited the native keys since, they win.
+    """
+    cfg = config_dict(config)
+    if not has_rope(cfg):
+        raise ValueError(
+            f"model_type {cfg.get('model_type')!r}: the config has no rotary embedding "
+            "(no rope_theta, rope_scaling or rope_parameters)"
+        )
+    params = rope_parameters_of(cfg)
+    if rotary_dim is None:
+        rotary_dim = rotary_dim_of(cfg, params)
+    spec = native_spec(cfg, rotary_dim)
+    recorded = cfg.get(MARKER)
+    if isinstance(recorded, Mapping):
+        marked = RopeScaling(**recorded, rotary_dim=rotary_dim)
+        if native_rope_parameters(marked) == native_rope_parameters(spec):
+            return marked
+    return spec

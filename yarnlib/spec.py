@@ -1,0 +1,271 @@
+"""``RopeScaling``: the one frozen, validated description of a scaled rotary embedding."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from yarnlib import frequencies
+from yarnlib.frequencies import Frequencies
+
+METHODS = ("none", "linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn")
+ALIASES = {
+    "default": "none",
+    "pi": "linear",
+    "dynamic": "dynamic_ntk",
+    "ntk-by-parts": "ntk_by_parts",
+    "dynamic-yarn": "dynamic_yarn",
+    "dynamic-ntk": "dynamic_ntk",
+}
+# Methods whose frequencies depend on the original (pre-training) context length.
+NEEDS_ORIGINAL = frozenset({"dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn"})
+DYNAMIC = frozenset({"dynamic_ntk", "dynamic_yarn"})
+RAMP_METHODS = frozenset({"ntk_by_parts", "yarn", "dynamic_yarn"})
+YARN_METHODS = frozenset({"yarn", "dynamic_yarn"})
+YARN_KNOB_DEFAULTS = {
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": None,
+    "mscale_all_dim": None,
+    "attention_factor": None,
+    "truncate": True,
+}
+
+
+def canonical_method(method: str) -> str:
+    """The canonical method name for ``method`` or one of its aliases."""
+    if not isinstance(method, str):
+        raise ValueError(f"method must be a string, got {method!r}")
+    key = method.strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in METHODS:
+        known = ", ".join(METHODS) + "; aliases: " + ", ".join(sorted(ALIASES))
+        raise ValueError(f"method: unknown RoPE scaling method {method!r}; known: {known}")
+    return key
+
+
+def _finite_number(field: str, value: Any, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{field} must be finite, got {value!r}")
+    return float(value)
+
+
+def _positive_int(field: str, value: Any, *, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, float) and value.is_integer():
+        value, ok = int(value), True
+    if not ok or value <= 0:
+        raise ValueError(f"{field} must be a positive integer, got {value!r}")
+    return value
+
+
+FIELDS = (
+    "method",
+    "factor",
+    "original_max_position_embeddings",
+    "rope_theta",
+    "rotary_dim",
+    *YARN_KNOB_DEFAULTS,
+)
+
+
+class RopeScaling:
+    """A RoPE scaling method with every parameter it needs, validated at construction, immutable.
+
+    ``factor`` is s, ``original_max_position_embeddings`` is L (the pre-training context),
+    ``rope_theta`` is the *unscaled* base b, ``rotary_dim`` is d (the rotated part of a head).
+    The ``attention_factor`` keyword fixes the YaRN attention factor; it is stored as
+    ``fixed_attention_factor`` because ``attention_factor(seq_len)`` is the method that
+    answers what the factor is.
+    """
+
+    __slots__ = tuple(f if f != "attention_factor" else "fixed_attention_factor" for f in FIELDS)
+
+    def __init__(
+        self,
+        method: str = "yarn",
+        factor: float = 1.0,
+        original_max_position_embeddings: int | None = None,
+        rope_theta: float = 10000.0,
+        rotary_dim: int | None = None,
+        *,
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+        mscale: float | None = None,
+        mscale_all_dim: float | None = None,
+        attention_factor: float | None = None,
+        truncate: bool = True,
+    ):
+        set_ = object.__setattr__
+        method = canonical_method(method)
+        set_(self, "method", method)
+        factor_value = _finite_number("factor", factor)
+        if factor_value < 1:
+            raise ValueError(f"factor must be >= 1 (1 means no scaling), got {factor!r}")
+        set_(self, "factor", factor_value)
+        theta = _finite_number("rope_theta", rope_theta)
+        if theta <= 1:
+            raise ValueError(f"rope_theta must be > 1, got {rope_theta!r}")
+        set_(self, "rope_theta", theta)
+        if rotary_dim is None:
+            raise ValueError(
+                "rotary_dim is required: head_dim × partial_rotary_factor (an even integer >= 4)"
+            )
+        dim = _positive_int("rotary_dim", rotary_dim)
+        if dim % 2 or dim < 4:
+            raise ValueError(f"rotary_dim must be an even integer >= 4, got {rotary_dim!r}")
+        set_(self, "rotary_dim", dim)
+        original = _positive_int(
+            "original_max_position_embeddings", original_max_position_embeddings, allow_none=True
+        )
+        if original is None and method in NEEDS_ORIGINAL:
+            raise ValueError(
+                f"original_max_position_embeddings is required for method {method!r} "
+                "(the pre-training context length, e.g. 4096)"
+            )
+        set_(self, "original_max_position_embeddings", original)
+        for name, value in (("beta_fast", beta_fast), ("beta_slow", beta_slow)):
+            value = _finite_number(name, value)
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+            set_(self, name, value)
+        for name, value in (
+            ("mscale", mscale),
+            ("mscale_all_dim", mscale_all_dim),
+            ("fixed_attention_factor", attention_factor),
+        ):
+            value = _finite_number(name.replace("fixed_", ""), value, allow_none=True)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name.replace('fixed_', '')} must be > 0, got {value!r}")
+            set_(self, name, value)
+        if not isinstance(truncate, bool):
+            raise ValueError(f"truncate must be True or False, got {truncate!r}")
+        set_(self, "truncate", truncate)
+        self._validate_knobs()
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"RopeScaling is immutable; use spec.replace({name}=...)")
+
+    def fields(self) -> dict[str, Any]:
+        """The constructor keywords that rebuild this spec."""
+        return {
+            f: getattr(self, "fixed_attention_factor" if f == "attention_factor" else f)
+            for f in FIELDS
+        }
+
+    def knobs(self) -> dict[str, Any]:
+        """The YaRN knobs that differ from their defaults."""
+        fields = self.fields()
+        return {k: fields[k] for k, d in YARN_KNOB_DEFAULTS.items() if fields[k] != d}
+
+    def replace(self, **changes) -> RopeScaling:
+        return RopeScaling(**{**self.fields(), **changes})
+
+    def __reduce__(self):  # pickling goes through the validating constructor
+        return (_rebuild, (self.fields(),))
+
+    def __eq__(self, other):
+        if not isinstance(other, RopeScaling):
+            return NotImplemented
+        return self.fields() == other.fields()
+
+    def __hash__(self):
+        return hash(tuple(self.fields().items()))
+
+    def __repr__(self):
+        shown = {k: v for k, v in self.fields().items() if k not in YARN_KNOB_DEFAULTS}
+        shown.update(self.knobs())
+        return "RopeScaling(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+    def _validate_knobs(self):
+        if self.beta_fast < self.beta_slow:
+            raise ValueError(
+                f"beta_fast must be >= beta_slow, got beta_fast={self.beta_fast!r}, "
+                f"beta_slow={self.beta_slow!r}"
+            )
+        # A knob the method ignores is a mistake the user should hear about.
+        for field, value in self.knobs().items():
+            allowed = RAMP_METHODS if field in ("beta_fast", "beta_slow", "truncate") else YARN_METHODS
+            if self.method not in allowed:
+                raise ValueError(
+                    f"{field}={value!r} has no effect with method {self.method!r}; "
+                    f"it applies to: {', '.join(sorted(allowed))}"
+                )
+
+    # -- the math -------------------------------------------------------------------------
+
+    def frequencies(self, seq_len: int | None = None) -> Frequencies:
+        """``(inv_freq, attention_factor)`` at ``seq_len`` (used by the dynamic methods only)."""
+        if seq_len is not None:
+            seq_len = _positive_int("seq_len", seq_len)
+        fn = frequencies.METHOD_FUNCTIONS[self.method]
+        return fn(
+            rope_theta=self.rope_theta,
+            rotary_dim=self.rotary_dim,
+            factor=self.factor,
+            original=self.original_max_position_embeddings,
+            seq_len=seq_len,
+            beta_fast=self.beta_fast,
+            beta_slow=self.beta_slow,
+            truncate=self.truncate,
+            mscale=self.mscale,
+            mscale_all_dim=self.mscale_all_dim,
+            attention_factor=self.fixed_attention_factor,
+        )
+
+    def inv_freq(self, seq_len: int | None = None) -> torch.Tensor:
+        """float32 inverse frequencies, shape ``[rotary_dim // 2]``."""
+        return self.frequencies(seq_len).inv_freq
+
+    def attention_factor(self, seq_len: int | None = None) -> float:
+        """The factor multiplying cos and sin (transformers' ``attention_scaling``)."""
+        return self.frequencies(seq_len).attention_factor
+
+    @property
+    def is_dynamic(self) -> bool:
+        return self.method in DYNAMIC
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        """The extended context L × s (None when L is unknown)."""
+        if self.original_max_position_embeddings is None:
+            return None
+        return int(round(self.original_max_position_embeddings * self.factor))
+
+    def describe(self) -> str:
+        parts = [self.method, f"factor={self.factor:g}"]
+        if self.original_max_position_embeddings:
+            parts.append(f"original={self.original_max_position_embeddings}")
+        parts += [f"theta={self.rope_theta:g}", f"rotary_dim={self.rotary_dim}"]
+        parts += [f"{k}={v}" for k, v in self.knobs().items()]
+        return " ".join(parts)
+
+    # -- conversions (implemented in yarnlib.convert) ---------------------------------------
+
+    def to_hf(self, format: str = "v4") -> dict[str, Any]:
+        from yarnlib import convert
+
+        return convert.to_hf(self, format)
+
+    @classmethod
+    def from_hf(cls, config: Any, rotary_dim: int | None = None) -> RopeScaling:
+        from yarnlib import convert
+
+        return convert.from_hf(config, rotary_dim=rotary_dim)
+
+    def to_vllm(self) -> dict[str, Any]:
+        from yarnlib import convert
+
+        return convert.to_vllm(self)
+
+
+def _rebuild(fields: dict[str, Any]) -> RopeScaling:
+    return RopeScaling(**fields)
