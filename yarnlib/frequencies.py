@@ -35,11 +35,18 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 def correction_dim(num_rotations: float, rotary_dim: int, rope_theta: float, length: int) -> float:
     """The (fractional) dimension index whose wavelength fits ``num_rotations`` times in ``length``."""
-    return (rotary_dim * math.log(length / (num_rotations * 2 * math.pi))) / (2 * math.log(rope_theta))
+    return (rotary_dim * math.log(length / (num_rotations * 2 * math.pi))) / (
+        2 * math.log(rope_theta)
+    )
 
 
 def correction_range(
-    beta_fast: float, beta_slow: float, rotary_dim: int, rope_theta: float, length: int, truncate: bool
+    beta_fast: float,
+    beta_slow: float,
+    rotary_dim: int,
+    rope_theta: float,
+    length: int,
+    truncate: bool,
 ) -> tuple[float, float]:
     """Dimensions below ``low`` keep their frequency, above ``high`` are fully interpolated."""
     low = correction_dim(beta_fast, rotary_dim, rope_theta, length)
@@ -57,7 +64,12 @@ def ramp(low: float, high: float, n: int) -> torch.Tensor:
 
 
 def extrapolation_weight(
-    rotary_dim: int, rope_theta: float, original: int, beta_fast: float, beta_slow: float, truncate: bool
+    rotary_dim: int,
+    rope_theta: float,
+    original: int,
+    beta_fast: float,
+    beta_slow: float,
+    truncate: bool,
 ) -> torch.Tensor:
     """γ_i of NTK-by-parts: 1 where a dimension keeps its frequency, 0 where it is divided by s."""
     low, high = correction_range(beta_fast, beta_slow, rotary_dim, rope_theta, original, truncate)
@@ -132,7 +144,9 @@ def yarn(
     inv_freq = _ntk_by_parts_inv_freq(
         rope_theta, rotary_dim, factor, original, beta_fast, beta_slow, truncate
     )
-    return Frequencies(inv_freq, yarn_attention_factor(factor, mscale, mscale_all_dim, attention_factor))
+    return Frequencies(
+        inv_freq, yarn_attention_factor(factor, mscale, mscale_all_dim, attention_factor)
+    )
 
 
 def dynamic_yarn(*, original, seq_len, **params) -> Frequencies:

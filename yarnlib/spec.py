@@ -193,7 +193,9 @@ class RopeScaling:
             )
         # A knob the method ignores is a mistake the user should hear about.
         for field, value in self.knobs().items():
-            allowed = RAMP_METHODS if field in ("beta_fast", "beta_slow", "truncate") else YARN_METHODS
+            allowed = (
+                RAMP_METHODS if field in ("beta_fast", "beta_slow", "truncate") else YARN_METHODS
+            )
             if self.method not in allowed:
                 raise ValueError(
                     f"{field}={value!r} has no effect with method {self.method!r}; "

@@ -1,0 +1,173 @@
+"""``yarnlib inspect``: what a scaling method does to each frequency dimension."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from yarnlib.frequencies import base_inv_freq, extrapolation_weight
+from yarnlib.spec import METHODS, RAMP_METHODS, RopeScaling
+
+
+def read_config_json(model_dir: str | Path) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"model_dir: no config.json in {str(model_dir)!r}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: malformed JSON at line {error.lineno}: {error.msg}") from None
+
+
+def dimension_table(spec: RopeScaling, seq_len: int | None = None) -> list[dict[str, Any]]:
+    """One row per frequency pair: wavelength, rotations in L, new/old frequency, ramp value."""
+    base = base_inv_freq(spec.rope_theta, spec.rotary_dim)
+    scaled = spec.inv_freq(seq_len)
+    original = spec.original_max_position_embeddings
+    ramp = None
+    if spec.method in RAMP_METHODS:
+        ramp = 1 - extrapolation_weight(
+            spec.rotary_dim,
+            spec.rope_theta,
+            original,
+            spec.beta_fast,
+            spec.beta_slow,
+            spec.truncate,
+        )
+    rows = []
+    for i, (old, new) in enumerate(zip(base.tolist(), scaled.tolist(), strict=True)):
+        wavelength = 2 * math.pi / old
+        rows.append(
+            {
+                "dim": i,
+                "wavelength": wavelength,
+                "rotations_in_original": None if original is None else original / wavelength,
+                "frequency_ratio": new / old,
+                "ramp": None if ramp is None else float(ramp[i]),
+            }
+        )
+    return rows
+
+
+def summary(spec: RopeScaling, seq_len: int | None) -> dict[str, Any]:
+    return {
+        "spec": spec.fields(),
+        "seq_len": seq_len,
+        "attention_factor": spec.attention_factor(seq_len),
+        "max_position_embeddings": spec.max_position_embeddings,
+        "dimensions": dimension_table(spec, seq_len),
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    spec = RopeScaling(**result["spec"])
+    print(f"{spec.describe()}  attention_factor={result['attention_factor']:.6g}")
+    print(f"{'dim':>4} {'wavelength':>14} {'rot. in L':>12} {'new/old freq':>13} {'ramp':>6}")
+    for row in result["dimensions"]:
+        rotations = row["rotations_in_original"]
+        ramp = row["ramp"]
+        print(
+            f"{row['dim']:>4} {row['wavelength']:>14.6g} "
+            f"{'-' if rotations is None else format(rotations, '.4g'):>12} "
+            f"{row['frequency_ratio']:>13.6g} {'-' if ramp is None else format(ramp, '.3f'):>6}"
+        )
+
+
+def plot(spec: RopeScaling, path: Path) -> dict[str, Any]:
+    """Each method's new/old frequency ratio per dimension, side by side, at the same s and L."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    original = spec.original_max_position_embeddings or 4096
+    # Dynamic methods are drawn at the extended length L × s, where they reach the factor.
+    seq_len = int(original * spec.factor)
+    fig, axes = plt.subplots(1, len(METHODS), figsize=(3.0 * len(METHODS), 3.2), sharey=True)
+    curves = {}
+    for ax, method in zip(axes, METHODS, strict=True):
+        knobs = spec.knobs() if method in RAMP_METHODS else {}
+        if method not in ("yarn", "dynamic_yarn"):
+            knobs = {k: v for k, v in knobs.items() if k in ("beta_fast", "beta_slow", "truncate")}
+        other = RopeScaling(
+            method=method,
+            factor=spec.factor,
+            original_max_position_embeddings=original,
+            rope_theta=spec.rope_theta,
+            rotary_dim=spec.rotary_dim,
+            **knobs,
+        )
+        ratios = [row["frequency_ratio"] for row in dimension_table(other, seq_len)]
+        curves[method] = ratios
+        ax.plot(range(len(ratios)), ratios, lw=2, color="C3" if method == spec.method else "C0")
+        ax.set_yscale("log")
+        ax.set_title(method, fontsize=10, fontweight="bold" if method == spec.method else None)
+        ax.set_xlabel("frequency index i")
+        ax.axhline(1 / spec.factor, color="grey", ls=":", lw=1)
+    axes[0].set_ylabel("new / old frequency")
+    fig.suptitle(
+        f"s={spec.factor:g}, L={original}, theta={spec.rope_theta:g}, d={spec.rotary_dim} "
+        f"(dynamic methods at {seq_len} tokens)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    data = {"seq_len": seq_len, "frequency_ratio": curves, "spec": spec.fields()}
+    path.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
+    return data
+
+
+def spec_from_args(args: argparse.Namespace) -> RopeScaling:
+    given = {
+        "method": args.method,
+        "factor": args.factor,
+        "original_max_position_embeddings": args.original_max_position_embeddings,
+        "rope_theta": args.rope_theta,
+        "rotary_dim": args.rotary_dim,
+    }
+    if args.model_dir:
+        spec = RopeScaling.from_hf(read_config_json(args.model_dir))
+        changes = {k: v for k, v in given.items() if v is not None}
+        if args.method and spec.method == "none" and args.original_max_position_embeddings is None:
+            changes.setdefault("original_max_position_embeddings", spec.max_position_embeddings)
+        return spec.replace(**changes) if changes else spec
+    defaults = {"method": "yarn", "factor": 1.0, "rope_theta": 10000.0}
+    return RopeScaling(**{**defaults, **{k: v for k, v in given.items() if v is not None}})
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = spec_from_args(args)
+    result = summary(spec, args.seq_len)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result)
+    if args.plot:
+        plot(spec, Path(args.plot))
+        if not args.json:
+            print(f"plot: {args.plot} (data: {Path(args.plot).with_suffix('.json')})")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="per-dimension wavelengths, rotations and frequency ratios of a scaling method",
+        description="Show what a RoPE scaling method does to each frequency dimension. Give the "
+        "parameters, or a model folder (its config.json), or both (the flags override it).",
+    )
+    parser.add_argument("model_dir", nargs="?", help="a model folder with config.json")
+    parser.add_argument("--method", help=f"one of {', '.join(METHODS)} (or an alias)")
+    parser.add_argument("--factor", type=float)
+    parser.add_argument("--original-max-position-embeddings", type=int)
+    parser.add_argument("--rope-theta", type=float)
+    parser.add_argument("--rotary-dim", type=int)
+    parser.add_argument("--seq-len", type=int, help="current length, for the dynamic methods")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw every method's curve side by side")
+    parser.set_defaults(func=run)
