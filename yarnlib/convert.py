@@ -75,7 +75,7 @@ def marker(spec: RopeScaling) -> dict[str, Any]:
 
 
 def to_hf(spec: RopeScaling, format: str = "v4") -> dict[str, Any]:
-    """The keys of a config.json that run ``spec`` (v4: rope_theta + rope_scaling; v5: rope_parameters)."""
+    """config.json keys that run ``spec`` (v4: rope_theta + rope_scaling; v5: rope_parameters)."""
     if format not in ("v4", "v5"):
         raise ValueError(f"format must be 'v4' or 'v5', got {format!r}")
     params = native_rope_parameters(spec)

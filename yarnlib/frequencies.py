@@ -34,7 +34,7 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 def correction_dim(num_rotations: float, rotary_dim: int, rope_theta: float, length: int) -> float:
-    """The (fractional) dimension index whose wavelength fits ``num_rotations`` times in ``length``."""
+    """The (fractional) dimension whose wavelength fits ``num_rotations`` times in ``length``."""
     return (rotary_dim * math.log(length / (num_rotations * 2 * math.pi))) / (
         2 * math.log(rope_theta)
     )
