@@ -1,0 +1,213 @@
+"""``yarnlib.patch`` / ``yarnlib.unpatch`` for transformers' LLaMA, Mistral and Qwen models."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from yarnlib import convert
+from yarnlib.patches.rotary import YarnlibRotaryEmbedding
+from yarnlib.spec import RopeScaling
+
+# model_type -> the rotary module class transformers builds for it
+SUPPORTED = {
+    "llama": "LlamaRotaryEmbedding",
+    "mistral": "MistralRotaryEmbedding",
+    "qwen2": "Qwen2RotaryEmbedding",
+    "qwen2_moe": "Qwen2MoeRotaryEmbedding",
+    "qwen3": "Qwen3RotaryEmbedding",
+    "qwen3_moe": "Qwen3MoeRotaryEmbedding",
+}
+# config attributes a patch may change; unpatch puts each back (or removes it)
+CONFIG_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "max_position_embeddings")
+_MISSING = object()
+
+
+@dataclass
+class PatchState:
+    """What ``unpatch`` needs: the original module and config values, and the spec now run."""
+
+    original_rotary: nn.Module
+    original_config: dict[str, Any]
+    original_spec: RopeScaling
+    spec: RopeScaling
+
+
+def _architectures() -> str:
+    return ", ".join(f"{t} ({c.removesuffix('RotaryEmbedding')})" for t, c in SUPPORTED.items())
+
+
+def rotary_owner(model: nn.Module) -> nn.Module:
+    """The module holding ``rotary_emb`` (the base ``*Model``), validating the architecture."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    owner = model if hasattr(model, "rotary_emb") else getattr(model, "model", None)
+    rotary = getattr(owner, "rotary_emb", None)
+    if model_type not in SUPPORTED or rotary is None:
+        raise ValueError(
+            f"model: {type(model).__name__} (model_type {model_type!r}) has no supported rotary "
+            f"embedding; supported architectures: {_architectures()}"
+        )
+    return owner
+
+
+def patch_state(model: nn.Module) -> PatchState | None:
+    return getattr(model, "_yarnlib_patch", None)
+
+
+def _snapshot(config) -> dict[str, Any]:
+    keys = (*CONFIG_KEYS, convert.MARKER)
+    return {
+        k: copy.deepcopy(config.__dict__[k]) if k in config.__dict__ else _MISSING for k in keys
+    }
+
+
+def _restore(config, snapshot: dict[str, Any]) -> None:
+    for key, value in snapshot.items():
+        if value is _MISSING:
+            if key in config.__dict__:
+                delattr(config, key)
+        else:
+            setattr(config, key, copy.deepcopy(value))
+
+
+def _write_config(config, spec: RopeScaling) -> None:
+    """Make ``config`` say what the patched model runs (v5 keys, rope_theta always inside)."""
+    keys = convert.to_hf(spec, format="v5")
+    params = keys["rope_parameters"]
+    old = getattr(config, "rope_parameters", None) or {}
+    if "partial_rotary_factor" in old:
+        params["partial_rotary_factor"] = old["partial_rotary_factor"]
+    config.rope_parameters = params
+    if "rope_scaling" in config.__dict__:
+        config.rope_scaling = None  # a stale 4.x key would win over rope_parameters
+    if "max_position_embeddings" in keys:
+        config.max_position_embeddings = keys["max_position_embeddings"]
+    if convert.MARKER in keys:
+        setattr(config, convert.MARKER, keys[convert.MARKER])
+    elif convert.MARKER in config.__dict__:
+        delattr(config, convert.MARKER)
+
+
+def target_spec(
+    current: RopeScaling, method: str, factor: float, original: int | None, knobs: dict
+) -> RopeScaling:
+    """The spec to run: always scaled from the unscaled model, never compounded."""
+    if original is None:
+        original = current.original_max_position_embeddings
+    if original is None:
+        raise ValueError(
+            f"original_max_position_embeddings: the config (rope {current.method!r}) does not "
+            "record the original context; pass original_max_position_embeddings="
+        )
+    return RopeScaling(
+        method=method,
+        factor=factor,
+        original_max_position_embeddings=original,
+        rope_theta=current.rope_theta,
+        rotary_dim=current.rotary_dim,
+        **knobs,
+    )
+
+
+def patch(
+    model: nn.Module,
+    method: str = "yarn",
+    factor: float = 4.0,
+    original_max_position_embeddings: int | None = None,
+    *,
+    use_kernel: bool | str = "auto",
+    **knobs,
+) -> nn.Module:
+    """Run ``model`` with a scaled rotary embedding; returns the model (changed in place).
+
+    ``original_max_position_embeddings`` defaults to the original recorded in an already
+    scaled config, else to ``max_position_embeddings``. Patching again re-scales from the
+    original; patching twice with the same arguments changes nothing.
+    """
+    owner = rotary_owner(model)
+    if use_kernel not in ("auto", True, False):
+        raise ValueError(f"use_kernel must be 'auto', True or False, got {use_kernel!r}")
+    state = patch_state(model)
+    current = state.original_spec if state else RopeScaling.from_hf(model.config)
+    spec = target_spec(current, method, factor, original_max_position_embeddings, knobs)
+    if state and state.spec == spec:
+        return model
+    if state is None:
+        state = PatchState(owner.rotary_emb, _snapshot(model.config), current, spec)
+        model._yarnlib_patch = state
+    state.spec = spec
+    device = state.original_rotary.inv_freq.device
+    owner.rotary_emb = YarnlibRotaryEmbedding(spec, device=device)
+    _write_config(model.config, spec)
+    _wrap_generate(model)
+    return model
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Restore the original rotary module and config exactly."""
+    state = patch_state(model)
+    if state is None:
+        raise ValueError(f"model: this {type(model).__name__} is not patched by yarnlib")
+    rotary_owner(model).rotary_emb = state.original_rotary
+    _restore(model.config, state.original_config)
+    model.__dict__.pop("generate", None)
+    del model._yarnlib_patch
+    return model
+
+
+def yarnlib_rotary(model: nn.Module) -> YarnlibRotaryEmbedding | None:
+    rotary = rotary_owner(model).rotary_emb
+    return rotary if isinstance(rotary, YarnlibRotaryEmbedding) else None
+
+
+@contextlib.contextmanager
+def declare_length(model: nn.Module, length: int):
+    """Fix the dynamic scale of the sequences started inside the block at ``length`` tokens."""
+    rotary = yarnlib_rotary(model)
+    if rotary is None:
+        raise ValueError("model: declare_length needs a model patched by yarnlib.patch")
+    if not isinstance(length, int) or length <= 0:
+        raise ValueError(f"length must be a positive integer, got {length!r}")
+    previous, rotary.declared_length = rotary.declared_length, length
+    try:
+        yield model
+    finally:
+        rotary.declared_length = previous
+
+
+def _generation_length(model: nn.Module, args, kwargs) -> int | None:
+    inputs = kwargs.get("input_ids", args[0] if args else None)
+    if inputs is None:
+        inputs = kwargs.get("inputs_embeds")
+    if inputs is None:
+        return None
+    prompt = inputs.shape[1]
+    config = kwargs.get("generation_config") or model.generation_config
+    new = kwargs.get("max_new_tokens", config.max_new_tokens)
+    if new is not None:
+        return prompt + new
+    return kwargs.get("max_length", config.max_length)
+
+
+def _wrap_generate(model: nn.Module) -> None:
+    """Dynamic methods: ``generate`` declares prompt + max_new_tokens for its sequences."""
+    if "generate" in model.__dict__ or not hasattr(model, "generate"):
+        return
+    generate = type(model).generate
+
+    @functools.wraps(generate)
+    def generate_with_declared_length(*args, **kwargs):
+        rotary = yarnlib_rotary(model)
+        length = _generation_length(model, args, kwargs)
+        if rotary is None or not rotary.spec.is_dynamic or length is None:
+            return generate(model, *args, **kwargs)
+        with declare_length(model, length):
+            return generate(model, *args, **kwargs)
+
+    model.generate = generate_with_declared_length
