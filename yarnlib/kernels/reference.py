@@ -1,0 +1,63 @@
+"""The torch backend: vectorized rotary embedding, used on CPU and as the oracle for Triton."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class Angles(NamedTuple):
+    """Where the angle of token ``(b, s)`` and frequency ``i`` comes from (both backends).
+
+    Table mode: ``cos``/``sin`` are ``[1 or B, rows, rotary_dim // 2]`` (any float dtype) and
+    row ``pos[b, s]`` (or ``s`` when ``pos`` is None) is read. Table-free mode: ``cos`` and
+    ``sin`` are None and the angle is ``float32(pos[b, s]) * inv_freq[i]``, its cos and sin
+    multiplied by ``attention_factor``. ``pos`` is ``[1 or B, S]`` int32/int64 or None.
+    """
+
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
+    pos: torch.Tensor | None
+    inv_freq: torch.Tensor | None
+    attention_factor: float
+
+
+def cos_sin(angles: Angles, seq: int, dtype: torch.dtype, device: torch.device):
+    """Per-token ``(cos, sin)`` as ``[1 or B, S, 1, rotary_dim // 2]`` in ``dtype``."""
+    if angles.inv_freq is None:
+        cos, sin = angles.cos, angles.sin
+        if angles.pos is not None:
+            rows = angles.pos.long()
+            cos, sin = cos[0][rows], sin[0][rows]
+    else:
+        rows = angles.pos if angles.pos is not None else torch.arange(seq, device=device)[None]
+        # Same operations as transformers' rotary embedding: float32 angles, then the factor.
+        freqs = rows[..., None].float() * angles.inv_freq
+        cos = freqs.cos() * angles.attention_factor
+        sin = freqs.sin() * angles.attention_factor
+    return cos.to(dtype)[:, :, None, :], sin.to(dtype)[:, :, None, :]
+
+
+def rotate(pairs, angles: Angles, rotary_dim: int, interleaved: bool, sign: float) -> None:
+    """Write the rotation by ``sign``·θ of each ``x`` ([B, S, H, D]) into its ``out``.
+
+    Only the first ``rotary_dim`` features of ``out`` are written; ``out`` may be ``x``.
+    Arithmetic is float32 (float64 for float64 inputs, for gradcheck).
+    """
+    x0 = pairs[0][0]
+    compute = torch.float64 if x0.dtype == torch.float64 else torch.float32
+    cos, sin = cos_sin(angles, x0.shape[1], compute, x0.device)
+    if sign < 0:
+        sin = -sin
+    for x, out in pairs:
+        rot = x[..., :rotary_dim].to(compute)
+        if interleaved:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        else:
+            x1, x2 = rot.chunk(2, dim=-1)
+        # transformers' q*cos + rotate_half(q)*sin, operation for operation (bit-identical).
+        o1 = x1 * cos - x2 * sin
+        o2 = x2 * cos + x1 * sin
+        rot = torch.stack((o1, o2), dim=-1).flatten(-2) if interleaved else torch.cat((o1, o2), -1)
+        out[..., :rotary_dim].copy_(rot)

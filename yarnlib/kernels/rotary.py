@@ -1,0 +1,307 @@
+"""``apply_rotary`` and ``apply_scaled_rotary``: validation, layouts, backends, autograd."""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from yarnlib.kernels import reference
+from yarnlib.kernels.reference import Angles
+from yarnlib.kernels.tables import INDEX_DTYPES
+from yarnlib.spec import RopeScaling
+
+LAYOUTS = ("bhsd", "bshd", "thd")
+BACKENDS = ("auto", "torch", "triton")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class _Config(NamedTuple):
+    layout: str
+    rotary_dim: int
+    interleaved: bool
+    inplace: bool
+    backend: str
+    attention_factor: float
+
+
+def apply_rotary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    *,
+    layout: str = "bhsd",
+    cu_seqlens: torch.Tensor | None = None,
+    rotary_dim: int | None = None,
+    interleaved: bool = False,
+    inplace: bool = False,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q`` and ``k`` by the angles in the ``cos``/``sin`` tables; returns ``(q, k)``.
+
+    Layouts (``q`` and ``k`` may have different head counts):
+    ``bhsd`` ``[batch, heads, seq, head_dim]`` (transformers), ``bshd``
+    ``[batch, seq, heads, head_dim]`` (flash-attn), ``thd`` ``[tokens, heads, head_dim]``
+    (packed sequences).
+
+    ``cos``/``sin`` have ``rotary_dim`` columns in transformers' layout ``cat(c, c)`` (for
+    both pairings, as transformers' rotary modules return them), or ``rotary_dim // 2``
+    columns (one per frequency, flash-attn's layout); only the first ``rotary_dim // 2`` are
+    read. Which row a token reads:
+
+    - ``position_ids`` given (``[seq]`` or ``[batch, seq]``; ``[tokens]`` for ``thd``),
+      int32 or int64: ``cos`` is a 2-D table ``[max_position, ...]`` indexed by position;
+    - ``cu_seqlens`` given (``thd`` only, ``[n_seqs + 1]`` offsets): the same, with positions
+      restarting at 0 in every packed sequence;
+    - neither: ``cos`` is per token, ``[seq, ...]`` or ``[batch, seq, ...]`` (``[tokens, ...]``
+      for ``thd``), e.g. the output of a transformers rotary embedding module.
+
+    ``rotary_dim`` (default: the width of ``cos``) features of each head are rotated, the rest
+    pass through. ``interleaved`` pairs features ``(2i, 2i+1)`` (GPT-J) instead of
+    ``(i, i + rotary_dim/2)`` (NeoX/LLaMA). Arithmetic is float32, output in the input dtype.
+    ``inplace=True`` writes into ``q`` and ``k`` (marked dirty for autograd); otherwise the
+    inputs are never written. Gradients flow to ``q`` and ``k`` (not to ``cos``/``sin``).
+    ``backend``: ``"triton"``, ``"torch"`` or ``"auto"`` (Triton for CUDA tensors when it
+    is importable, else torch).
+    """
+    batch, seq, head_dim = _check_qk(q, k, layout)
+    if not isinstance(cos, torch.Tensor) or not isinstance(sin, torch.Tensor):
+        raise ValueError("cos and sin must be tensors")
+    if cos.shape != sin.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {cos.shape} and {sin.shape}")
+    if not cos.is_floating_point() or cos.dtype != sin.dtype or cos.device != q.device:
+        raise ValueError(
+            f"cos and sin must be floating-point tensors of one dtype on {q.device}, got "
+            f"{cos.dtype}/{sin.dtype} on {cos.device}"
+        )
+    if cos.dim() == 0:
+        raise ValueError("cos must have a last dimension of rotary_dim or rotary_dim // 2")
+    if rotary_dim is None:
+        rotary_dim = cos.shape[-1]
+    _check_rotary_dim(rotary_dim, head_dim)
+    if cos.shape[-1] not in (rotary_dim, rotary_dim // 2):
+        raise ValueError(
+            f"cos: last dimension must be rotary_dim={rotary_dim} or rotary_dim // 2, "
+            f"got shape {tuple(cos.shape)}"
+        )
+    pos = _positions(position_ids, cu_seqlens, layout, batch, seq, q.device)
+    half = rotary_dim // 2
+    if pos is not None:
+        if cos.dim() != 2:
+            raise ValueError(
+                f"cos: with position_ids or cu_seqlens it must be a table [max_position, "
+                f"rotary_dim], got shape {tuple(cos.shape)}"
+            )
+        tables = cos[None, :, :half], sin[None, :, :half]
+    else:
+        tables = (
+            _per_token(cos, layout, batch, seq)[..., :half],
+            _per_token(sin, layout, batch, seq)[..., :half],
+        )
+    cfg = _config(q, layout, rotary_dim, interleaved, inplace, backend, 1.0)
+    return _Rotary.apply(q, k, *tables, pos, None, cfg)
+
+
+def apply_scaled_rotary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    position_ids: torch.Tensor | None,
+    spec: RopeScaling,
+    seq_len: int | None = None,
+    *,
+    layout: str = "bhsd",
+    cu_seqlens: torch.Tensor | None = None,
+    interleaved: bool = False,
+    inplace: bool = False,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``apply_rotary`` without tables: angles come from ``spec`` inside the kernel.
+
+    Token at position p, frequency i: angle ``float32(p) * inv_freq[i]`` in float32, then
+    ``cos(angle) * attention_factor`` and likewise sin, with ``inv_freq`` and
+    ``attention_factor`` from ``spec`` at ``seq_len`` (used by the dynamic methods only).
+    The same numbers as ``rotary_cos_sin`` (bit-identical on the torch backend), without
+    any cos/sin memory. ``position_ids`` as in ``apply_rotary``; ``None`` means
+    ``0..seq-1`` (``bhsd``/``bshd``) or positions from ``cu_seqlens`` (``thd``).
+    ``spec.rotary_dim`` features are rotated.
+    """
+    if not isinstance(spec, RopeScaling):
+        raise ValueError(f"spec must be a yarnlib.RopeScaling, got {type(spec).__name__}")
+    batch, seq, head_dim = _check_qk(q, k, layout)
+    _check_rotary_dim(spec.rotary_dim, head_dim)
+    pos = _positions(position_ids, cu_seqlens, layout, batch, seq, q.device)
+    if pos is None and layout == "thd":
+        raise ValueError("layout='thd' needs position_ids or cu_seqlens")
+    inv_freq = spec.inv_freq(seq_len).to(device=q.device, dtype=torch.float32)
+    factor = spec.attention_factor(seq_len)
+    cfg = _config(q, layout, spec.rotary_dim, interleaved, inplace, backend, factor)
+    return _Rotary.apply(q, k, None, None, pos, inv_freq, cfg)
+
+
+class _Rotary(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, pos, inv_freq, cfg):
+        angles = Angles(cos, sin, pos, inv_freq, cfg.attention_factor)
+        q_out, k_out = _run(q, k, angles, cfg, sign=1.0, inplace=cfg.inplace)
+        if cfg.inplace:
+            ctx.mark_dirty(q, k)
+        ctx.save_for_backward(cos, sin, pos, inv_freq)
+        ctx.cfg = cfg
+        return q_out, k_out
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_k):
+        # A rotation is orthogonal: its gradient is the rotation by -θ.
+        angles = Angles(*ctx.saved_tensors, ctx.cfg.attention_factor)
+        grad_q, grad_k = _run(grad_q, grad_k, angles, ctx.cfg, sign=-1.0, inplace=False)
+        return grad_q, grad_k, None, None, None, None, None
+
+
+def _run(q, k, angles: Angles, cfg: _Config, sign: float, inplace: bool):
+    q_out = q if inplace else torch.empty_like(q)
+    k_out = k if inplace else torch.empty_like(k)
+    pairs = [
+        (_as_bshd(x, cfg.layout), _as_bshd(o, cfg.layout)) for x, o in ((q, q_out), (k, k_out))
+    ]
+    rotate = _triton_rotate() if cfg.backend == "triton" else reference.rotate
+    rotate(pairs, angles, cfg.rotary_dim, cfg.interleaved, sign)
+    if not inplace and cfg.rotary_dim < q.shape[-1]:
+        for x, out in pairs:
+            out[..., cfg.rotary_dim :].copy_(x[..., cfg.rotary_dim :])
+    return q_out, k_out
+
+
+def _as_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """A [batch, seq, heads, head_dim] view."""
+    if layout == "bhsd":
+        return x.transpose(1, 2)
+    return x.unsqueeze(0) if layout == "thd" else x
+
+
+def _check_choice(field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{field} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+
+
+def _check_qk(q, k, layout: str) -> tuple[int, int, int]:
+    """``(batch, seq, head_dim)`` of q and k after checking that they fit together."""
+    _check_choice("layout", layout, LAYOUTS)
+    ndim = 3 if layout == "thd" else 4
+    for name, x in (("q", q), ("k", k)):
+        if not isinstance(x, torch.Tensor) or x.dim() != ndim:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a {ndim}-D tensor for layout={layout!r}, got {shape}")
+        if x.dtype not in DTYPES + (torch.float64,):
+            raise ValueError(
+                f"{name}.dtype must be float32, float16 or bfloat16 (float64 on the torch "
+                f"backend), got {x.dtype}"
+            )
+    qv, kv = _as_bshd(q, layout), _as_bshd(k, layout)
+    if (qv.shape[:2], qv.shape[3]) != (kv.shape[:2], kv.shape[3]):
+        raise ValueError(
+            f"q and k must agree in batch, sequence and head_dim for layout={layout!r}, got "
+            f"q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    if q.dtype != k.dtype or q.device != k.device:
+        raise ValueError(f"q and k must share dtype and device, got {q.dtype}/{k.dtype}")
+    return qv.shape[0], qv.shape[1], qv.shape[3]
+
+
+def _check_rotary_dim(rotary_dim, head_dim: int) -> None:
+    ok = isinstance(rotary_dim, int) and not isinstance(rotary_dim, bool)
+    if not ok or rotary_dim % 2 or not 2 <= rotary_dim <= head_dim:
+        raise ValueError(
+            f"rotary_dim must be an even integer in [2, head_dim={head_dim}], got {rotary_dim!r}"
+        )
+
+
+def _check_index(field: str, x, ndims) -> None:
+    if not isinstance(x, torch.Tensor) or x.dtype not in INDEX_DTYPES or x.dim() not in ndims:
+        got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else repr(x)
+        dims = " or ".join(f"{n}-D" for n in ndims)
+        raise ValueError(f"{field} must be a {dims} int32 or int64 tensor, got {got}")
+
+
+def _positions(position_ids, cu_seqlens, layout, batch, seq, device):
+    """``position_ids`` as ``[1 or batch, seq]``, or derived from ``cu_seqlens``, or None."""
+    if cu_seqlens is not None:
+        if layout != "thd":
+            raise ValueError(f"cu_seqlens is for layout='thd' only, got layout={layout!r}")
+        if position_ids is not None:
+            raise ValueError("give position_ids or cu_seqlens, not both")
+        _check_index("cu_seqlens", cu_seqlens, (1,))
+        if cu_seqlens.device != device:
+            raise ValueError(f"cu_seqlens must be on {device}, got {cu_seqlens.device}")
+        if cu_seqlens.device.type == "cpu":  # checking values on a GPU would synchronize
+            offsets = cu_seqlens.tolist()
+            if not offsets or offsets[0] != 0 or offsets[-1] != seq or offsets != sorted(offsets):
+                raise ValueError(
+                    f"cu_seqlens must rise from 0 to the token count {seq}, got {offsets}"
+                )
+        starts, lengths = cu_seqlens[:-1], cu_seqlens.diff()
+        token = torch.arange(seq, device=device, dtype=cu_seqlens.dtype)
+        return (token - starts.repeat_interleave(lengths, output_size=seq))[None]
+    if position_ids is None:
+        return None
+    _check_index("position_ids", position_ids, (1,) if layout == "thd" else (1, 2))
+    if position_ids.device != device:
+        raise ValueError(f"position_ids must be on {device}, got {position_ids.device}")
+    pos = position_ids if position_ids.dim() == 2 else position_ids[None]
+    if pos.shape[1] != seq or pos.shape[0] not in (1, batch):
+        want = f"[{seq}]" if layout == "thd" else f"[{seq}] or [{batch} or 1, {seq}]"
+        raise ValueError(f"position_ids must have shape {want}, got {tuple(position_ids.shape)}")
+    return pos
+
+
+def _per_token(table: torch.Tensor, layout: str, batch: int, seq: int) -> torch.Tensor:
+    """A per-token cos/sin as ``[1 or batch, seq, width]``."""
+    t = table if table.dim() == 3 and layout != "thd" else table[None]
+    if t.dim() != 3 or t.shape[1] != seq or t.shape[0] not in (1, batch):
+        want = (
+            f"[{seq}, width]" if layout == "thd" else f"[{seq}, width] or [{batch}, {seq}, width]"
+        )
+        raise ValueError(
+            f"cos without position_ids must be per token, shape {want}; got {tuple(table.shape)}"
+        )
+    return t
+
+
+def _config(q, layout, rotary_dim, interleaved, inplace, backend, factor) -> _Config:
+    for name, flag in (("interleaved", interleaved), ("inplace", inplace)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
+    return _Config(layout, rotary_dim, interleaved, inplace, _backend(backend, q), factor)
+
+
+def _backend(backend: str, q: torch.Tensor) -> str:
+    _check_choice("backend", backend, BACKENDS)
+    if backend == "auto":
+        usable = q.is_cuda and q.dtype != torch.float64 and _triton_rotate() is not None
+        return "triton" if usable else "torch"
+    if backend == "torch":
+        return backend
+    if _triton_rotate() is None:
+        raise ValueError("backend='triton' but triton is not importable (pip install triton)")
+    if q.dtype == torch.float64:
+        raise ValueError("backend='triton' takes float32/float16/bfloat16; use 'torch' for float64")
+    from yarnlib.kernels import triton_rotary
+
+    if not q.is_cuda and not (q.device.type == "cpu" and triton_rotary.interprets()):
+        raise ValueError(
+            f"backend='triton' needs CUDA tensors (got {q.device}), or CPU tensors with "
+            "TRITON_INTERPRET=1 set before yarnlib first uses Triton; use backend='torch'"
+        )
+    return backend
+
+
+@functools.cache
+def _triton_rotate():
+    """``triton_rotary.rotate``, or None where Triton cannot be imported."""
+    try:
+        from yarnlib.kernels import triton_rotary
+    except ImportError:
+        return None
+    return triton_rotary.rotate

@@ -1,0 +1,42 @@
+"""cos/sin tables from a spec, with transformers' numerics."""
+
+from __future__ import annotations
+
+import torch
+
+from yarnlib.spec import RopeScaling
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def rotary_cos_sin(
+    spec: RopeScaling,
+    position_ids: torch.Tensor,
+    seq_len: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` for ``position_ids``, shape ``[*position_ids.shape, spec.rotary_dim]``.
+
+    Exactly the operations of transformers' ``LlamaRotaryEmbedding.forward``, so on CPU in
+    float32 the result is bit-identical to it for the same ``inv_freq``:
+
+    1. ``inv_freq = spec.inv_freq(seq_len)`` (float32; ``seq_len`` matters for the dynamic
+       methods only, ``None`` means the spec's unscaled default),
+    2. ``freqs = position_ids[..., None].float() * inv_freq`` (angles in float32, never bf16),
+    3. ``emb = cat(freqs, freqs)`` (the rotate-half layout transformers uses for every
+       pairing; ``apply_rotary`` reads the first half),
+    4. ``cos = emb.cos() * spec.attention_factor(seq_len)``, likewise ``sin``,
+    5. cast to ``dtype`` last.
+
+    The tables are on ``position_ids.device``.
+    """
+    if not isinstance(position_ids, torch.Tensor) or position_ids.dtype not in INDEX_DTYPES:
+        got = position_ids.dtype if isinstance(position_ids, torch.Tensor) else type(position_ids)
+        raise ValueError(f"position_ids must be an int32 or int64 tensor, got {got}")
+    inv_freq = spec.inv_freq(seq_len).to(device=position_ids.device, dtype=torch.float32)
+    attention_factor = spec.attention_factor(seq_len)
+    freqs = position_ids[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = emb.cos() * attention_factor
+    sin = emb.sin() * attention_factor
+    return cos.to(dtype), sin.to(dtype)
