@@ -60,10 +60,11 @@ def native_rope_parameters(spec: RopeScaling) -> dict[str, Any]:
 def config_max_position_embeddings(spec: RopeScaling) -> int | None:
     """``max_position_embeddings`` for a config running ``spec``.
 
-    transformers' ``dynamic`` rope reads ``max_position_embeddings`` as the *original* length,
-    so that method keeps it; every other method advertises the extended length L × s.
+    transformers' dynamic rope updater reads ``max_position_embeddings`` as the *original*
+    length (it rescales only beyond it), so the dynamic methods keep L; every other method
+    advertises the extended length L × s.
     """
-    if spec.method == "dynamic_ntk":
+    if spec.is_dynamic:
         return spec.original_max_position_embeddings
     return spec.max_position_embeddings
 

@@ -1,0 +1,76 @@
+"""`yarnlib inspect`: the table's numbers, JSON, the plot, a model folder, and bad input."""
+
+import json
+import math
+
+import pytest
+
+from yarnlib import RopeScaling
+from yarnlib.cli import main
+from yarnlib.convert import to_hf
+
+ARGS = [
+    "inspect",
+    "--method",
+    "yarn",
+    "--factor",
+    "4",
+    "--original-max-position-embeddings",
+    "4096",
+    "--rope-theta",
+    "10000",
+    "--rotary-dim",
+    "64",
+]
+
+
+def test_json_rows_are_the_spec(capsys):
+    assert main([*ARGS, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    spec = RopeScaling("yarn", 4, 4096, 1e4, 64)
+    rows = result["dimensions"]
+    assert len(rows) == 32 and result["attention_factor"] == spec.attention_factor()
+    for row, new in zip(rows, spec.inv_freq().tolist(), strict=True):
+        old = 10000 ** (-2 * row["dim"] / 64)
+        assert row["wavelength"] == pytest.approx(2 * math.pi / old, rel=1e-6)
+        assert row["rotations_in_original"] == pytest.approx(4096 * old / (2 * math.pi), rel=1e-6)
+        assert row["frequency_ratio"] == pytest.approx(new / old, rel=1e-6)
+    # fast dimensions keep their frequency (ramp 0), slow ones are divided by s (ramp 1)
+    assert rows[0]["ramp"] == 0 and rows[0]["frequency_ratio"] == 1
+    assert rows[-1]["ramp"] == 1 and rows[-1]["frequency_ratio"] == pytest.approx(0.25)
+
+
+def test_table_and_plot(tmp_path, capsys):
+    png = tmp_path / "curves.png"
+    assert main([*ARGS, "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "wavelength" in out and "attention_factor=1.13863" in out
+    assert png.stat().st_size > 10_000
+    data = json.loads(png.with_suffix(".json").read_text())
+    assert set(data["frequency_ratio"]) >= {"none", "linear", "yarn", "dynamic_yarn"}
+    assert data["frequency_ratio"]["linear"] == pytest.approx([0.25] * 32)
+
+
+def test_model_folder(tmp_path, capsys):
+    spec = RopeScaling("ntk", 2, 8192, 1e5, 64)
+    config = {"model_type": "llama", "hidden_size": 576, "num_attention_heads": 9, **to_hf(spec)}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["spec"]["method"] == "ntk"
+    # flags override the folder: plain model scaled by yarn 4 from its max_position_embeddings
+    (tmp_path / "config.json").write_text(
+        json.dumps({**config, **to_hf(spec.replace(method="none", factor=1.0))})
+    )
+    assert main(["inspect", str(tmp_path), "--method", "yarn", "--factor", "4", "--json"]) == 0
+    fields = json.loads(capsys.readouterr().out)["spec"]
+    assert fields["original_max_position_embeddings"] == 8192 and fields["factor"] == 4
+
+
+def test_bad_input_exits_2(tmp_path, capsys):
+    assert main(["inspect", "--method", "magic", "--rotary-dim", "64"]) == 2
+    assert "method" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path)]) == 2
+    assert "config.json" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text('{\n  "model_type": "llama",\n  oops\n}')
+    assert main(["inspect", str(tmp_path)]) == 2
+    assert "line 3" in capsys.readouterr().err
