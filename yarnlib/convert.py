@@ -61,10 +61,11 @@ def config_max_position_embeddings(spec: RopeScaling) -> int | None:
     """``max_position_embeddings`` for a config running ``spec``.
 
     transformers' dynamic rope updater reads ``max_position_embeddings`` as the *original*
-    length (it rescales only beyond it), so the dynamic methods keep L; every other method
-    advertises the extended length L × s.
+    length (it rescales only beyond it), so the dynamic methods keep L. vLLM derives
+    max_model_len as ``max_position_embeddings × factor`` for ``linear`` (as for ``dynamic``),
+    so linear keeps L too. Every other method advertises the extended length L × s.
     """
-    if spec.is_dynamic:
+    if spec.is_dynamic or spec.method == "linear":
         return spec.original_max_position_embeddings
     return spec.max_position_embeddings
 
@@ -198,8 +199,10 @@ def native_spec(cfg: Mapping[str, Any], rotary_dim: int) -> RopeScaling:
         kwargs["truncate"] = params.get("truncate", True)
         for knob in ("mscale", "mscale_all_dim", "attention_factor"):
             kwargs[knob] = params.get(knob)
-    else:  # linear: L is not part of transformers' linear config
-        kwargs["original_max_position_embeddings"] = cfg.get("original_max_position_embeddings")
+    else:  # linear: transformers ignores L; vLLM reads max_position_embeddings as L
+        kwargs["original_max_position_embeddings"] = (
+            cfg.get("original_max_position_embeddings") or max_positions
+        )
     if factor is None:
         raise ValueError(f"rope_scaling.factor is required for rope_type {rope_type!r}")
     kwargs["factor"] = factor
