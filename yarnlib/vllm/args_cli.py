@@ -1,0 +1,75 @@
+"""``yarnlib vllm-args``: the ``vllm.LLM`` kwargs and ``vllm serve`` flags for a model folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from yarnlib.inspect_cli import read_config_json
+from yarnlib.spec import METHODS, RopeScaling
+from yarnlib.vllm.kwargs import llm_kwargs, serve_command
+
+
+def spec_for_model(
+    model_dir: str | Path, method: str, factor: float, original: int | None = None
+) -> RopeScaling:
+    """``method`` at ``factor`` on the *unscaled* model in ``model_dir`` (never compounded)."""
+    current = RopeScaling.from_hf(read_config_json(model_dir))
+    original = original or current.original_max_position_embeddings
+    if original is None:
+        raise ValueError(
+            f"original_max_position_embeddings: {str(model_dir)!r} does not record the original "
+            "context; pass --original-max-position-embeddings"
+        )
+    return RopeScaling(
+        method=method,
+        factor=factor,
+        original_max_position_embeddings=original,
+        rope_theta=current.rope_theta,
+        rotary_dim=current.rotary_dim,
+    )
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_dir", help="a model folder with config.json")
+    parser.add_argument("--method", default="yarn", help=f"one of {', '.join(METHODS)}")
+    parser.add_argument("--factor", type=float, required=True)
+    parser.add_argument(
+        "--original-max-position-embeddings",
+        type=int,
+        help="pre-training context L (default: read from config.json)",
+    )
+    parser.add_argument("--max-model-len", type=int, help="default: L × factor")
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = spec_for_model(
+        args.model_dir, args.method, args.factor, args.original_max_position_embeddings
+    )
+    kwargs = llm_kwargs(spec, args.max_model_len)
+    if args.json:
+        print(json.dumps({"model": args.model_dir, **kwargs}, indent=2))
+        return 0
+    print(f"# {spec.describe()}")
+    if spec.is_dynamic:
+        print(
+            "# needs the yarnlib vLLM plugin (installed with yarnlib); vLLM fixes the scale "
+            f"at max_model_len={kwargs['max_model_len']} (s = max_model_len / L)"
+        )
+    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    print(f"LLM(model={args.model_dir!r}, {shown})")
+    print(serve_command(args.model_dir, kwargs))
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "vllm-args",
+        help="vllm.LLM kwargs and `vllm serve` flags that run a scaling method",
+        description="Print the vllm.LLM keyword arguments and the equivalent `vllm serve` "
+        "flags (hf_overrides with rope_theta and max_position_embeddings, max_model_len).",
+    )
+    add_spec_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the LLM kwargs as JSON")
+    parser.set_defaults(func=run)

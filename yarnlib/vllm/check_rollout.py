@@ -1,0 +1,189 @@
+"""``yarnlib check-rollout``: do the patched transformers model and vLLM run the same RoPE?
+
+Both score one long prompt in float32; the per-token prompt log-probabilities are compared
+within and beyond the original context L. Run it before a long GRPO job: a rollout whose
+RoPE differs from the actor's (e.g. ``rope_theta`` dropped from an override) shows up as a
+large difference beyond L.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from yarnlib.spec import RopeScaling
+from yarnlib.vllm.args_cli import add_spec_arguments, spec_for_model
+from yarnlib.vllm.kwargs import llm_kwargs
+
+
+def prompt_ids(model_dir: str | Path, length: int, seed: int, text_file: str | None) -> list[int]:
+    """``length`` token ids: the text file's tokens repeated, or seeded random ids."""
+    if text_file:
+        from transformers import AutoTokenizer
+
+        ids = AutoTokenizer.from_pretrained(model_dir)(Path(text_file).read_text())["input_ids"]
+        if not ids:
+            raise ValueError(f"prompt_file: {text_file!r} has no tokens")
+        return (ids * (length // len(ids) + 1))[:length]
+    from transformers import AutoConfig
+
+    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (length,), generator=generator).tolist()
+
+
+@torch.no_grad()
+def transformers_logprobs(
+    model_dir, spec: RopeScaling, ids: list[int], scale_len: int, chunk: int = 1024
+) -> torch.Tensor:
+    """log p(token_i | tokens_<i) for i ≥ 1, float32, without a [tokens × vocab] tensor."""
+    from transformers import AutoModelForCausalLM
+
+    import yarnlib
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    yarnlib.patch(
+        model,
+        method=spec.method,
+        factor=spec.factor,
+        original_max_position_embeddings=spec.original_max_position_embeddings,
+        **spec.knobs(),
+    )
+    tokens = torch.tensor([ids])
+    # vLLM fixes a dynamic scale at max_model_len; declare that length here too.
+    with yarnlib.declare_length(model, scale_len):
+        hidden = model.model(input_ids=tokens).last_hidden_state[0, :-1]
+    targets = tokens[0, 1:]
+    out = []
+    for start in range(0, len(targets), chunk):
+        logits = model.lm_head(hidden[start : start + chunk]).float()
+        picked = logits.log_softmax(-1).gather(-1, targets[start : start + chunk, None])
+        out.append(picked[:, 0])
+    return torch.cat(out)
+
+
+def vllm_logprobs(model_dir, ids: list[int], kwargs: dict[str, Any]) -> torch.Tensor:
+    # In-process engine: the plugin registered here also serves an uninstalled checkout.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM, SamplingParams
+
+    from yarnlib.vllm import plugin
+
+    plugin.register()
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        enforce_eager=True,
+        skip_tokenizer_init=True,
+        seed=0,
+        **kwargs,
+    )
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+    result = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+    del llm
+    gc.collect()
+    rows = result.prompt_logprobs[1:]  # the first token has no log-probability
+    return torch.tensor([row[t].logprob for row, t in zip(rows, ids[1:], strict=True)])
+
+
+def stats(delta: torch.Tensor) -> dict[str, Any]:
+    if delta.numel() == 0:
+        return {"tokens": 0, "max_abs": None, "mean_abs": None}
+    return {"tokens": delta.numel(), "max_abs": delta.max().item(), "mean_abs": delta.mean().item()}
+
+
+def compare(
+    model_dir: str | Path,
+    spec: RopeScaling,
+    length: int,
+    *,
+    max_model_len: int | None = None,
+    kwargs: dict[str, Any] | None = None,
+    tolerance: float = 1e-3,
+    seed: int = 0,
+    prompt_file: str | None = None,
+) -> dict[str, Any]:
+    """Score ``length`` tokens with both engines; ``kwargs`` replaces ``llm_kwargs(spec)``."""
+    if isinstance(length, bool) or not isinstance(length, int) or length < 2:
+        raise ValueError(f"length must be an integer >= 2, got {length!r}")
+    kwargs = kwargs if kwargs is not None else llm_kwargs(spec, max_model_len)
+    engine_len = kwargs.get("max_model_len")
+    if engine_len is None or length >= engine_len:
+        raise ValueError(
+            f"length must be < max_model_len ({engine_len}) so vLLM can add one token, got {length}"
+        )
+    ids = prompt_ids(model_dir, length, seed, prompt_file)
+    expected = transformers_logprobs(model_dir, spec, ids, engine_len)
+    got = vllm_logprobs(model_dir, ids, kwargs)
+    delta = (got - expected).abs()
+    original = spec.original_max_position_embeddings
+    within = original - 1  # tokens at positions 1 .. L-1
+    report = {
+        "spec": spec.describe(),
+        "length": length,
+        "original_max_position_embeddings": original,
+        "max_model_len": engine_len,
+        "within": stats(delta[:within]),
+        "beyond": stats(delta[within:]),
+        "max_abs": delta.max().item(),
+        "tolerance": tolerance,
+    }
+    report["passed"] = report["max_abs"] <= tolerance
+    return report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print(
+        f"check-rollout: {report['spec']} | {report['length']} tokens, "
+        f"vLLM max_model_len={report['max_model_len']}, float32"
+    )
+    print(f"{'':<16}{'tokens':>8}{'max |Δ|':>12}{'mean |Δ|':>12}")
+    original = report["original_max_position_embeddings"]
+    for key, label in (("within", f"within L={original}"), ("beyond", "beyond L")):
+        row = report[key]
+        if row["tokens"]:
+            print(f"{label:<16}{row['tokens']:>8}{row['max_abs']:>12.3e}{row['mean_abs']:>12.3e}")
+    verdict = "PASS" if report["passed"] else "FAIL"
+    print(f"{verdict}: max |Δ| {report['max_abs']:.3e} vs tolerance {report['tolerance']:.1e}")
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = spec_for_model(
+        args.model_dir, args.method, args.factor, args.original_max_position_embeddings
+    )
+    report = compare(
+        args.model_dir,
+        spec,
+        args.length,
+        max_model_len=args.max_model_len,
+        tolerance=args.tolerance,
+        seed=args.seed,
+        prompt_file=args.prompt_file,
+    )
+    print_report(report)
+    if args.json:  # a file: vLLM logs to stdout
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["passed"] else 1
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "check-rollout",
+        help="compare transformers (patched) and vLLM prompt log-probs on one long prompt",
+        description="Score one long prompt with the yarnlib-patched transformers model and with "
+        "vLLM (float32); print max/mean |Δ log p| within and beyond the original context and "
+        "exit 1 above the tolerance.",
+    )
+    add_spec_arguments(parser)
+    parser.add_argument("--length", type=int, required=True, help="prompt tokens N")
+    parser.add_argument("--tolerance", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random prompt ids")
+    parser.add_argument("--prompt-file", help="text to tokenize (repeated) instead of random ids")
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.set_defaults(func=run)

@@ -1,0 +1,73 @@
+"""``vllm.LLM`` keyword arguments and ``vllm serve`` flags that run a ``RopeScaling``.
+
+Native methods go through ``convert.to_vllm``; the dynamic ones are written under a
+yarnlib rope type that only the yarnlib vLLM plugin understands (see ``plugin.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from yarnlib import convert
+from yarnlib.spec import RopeScaling
+
+# rope_type of each method vLLM runs through the plugin. dynamic_yarn keeps the type it has
+# in config.json, so a rewritten checkpoint needs no override; dynamic_ntk gets its own type
+# because vLLM's native "dynamic" (which config.json uses for transformers) must stay vLLM's.
+PLUGIN_TYPES = {"dynamic_yarn": convert.HF_DYNAMIC_YARN, "dynamic_ntk": "yarnlib_dynamic_ntk"}
+
+
+def plugin_rope_parameters(spec: RopeScaling) -> dict[str, Any]:
+    params = {
+        "rope_type": PLUGIN_TYPES[spec.method],
+        "rope_theta": spec.rope_theta,
+        "factor": spec.factor,
+        "original_max_position_embeddings": spec.original_max_position_embeddings,
+    }
+    params.update(spec.knobs())
+    return params
+
+
+def llm_kwargs(spec: RopeScaling, max_model_len: int | None = None) -> dict[str, Any]:
+    """``hf_overrides`` (always with ``rope_theta`` and the raised ``max_position_embeddings``)
+    and ``max_model_len`` (default L × s) for ``vllm.LLM``.
+
+    For dynamic methods the plugin fixes the scale at ``max_model_len`` when the engine
+    starts: vLLM then runs ``spec`` as transformers does on a sequence of that length.
+    """
+    if not spec.is_dynamic:
+        kwargs = convert.to_vllm(spec)
+    else:
+        params = plugin_rope_parameters(spec)
+        # max_position_embeddings stays L, as in config.json: vLLM multiplies it by `factor`
+        # for rope types it does not know, which gives the same limit L × s.
+        overrides = {
+            "rope_parameters": params,
+            "rope_theta": spec.rope_theta,
+            "max_position_embeddings": convert.config_max_position_embeddings(spec),
+        }
+        kwargs = {"hf_overrides": overrides, "max_model_len": spec.max_position_embeddings}
+    if max_model_len is not None:
+        if isinstance(max_model_len, bool) or not isinstance(max_model_len, int):
+            raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
+        limit = spec.max_position_embeddings
+        if max_model_len <= 0 or (limit is not None and max_model_len > limit):
+            raise ValueError(
+                f"max_model_len must be in 1..{limit} (original × factor), got {max_model_len!r}"
+            )
+        kwargs["max_model_len"] = max_model_len
+    return kwargs
+
+
+def serve_args(model: str, kwargs: dict[str, Any]) -> list[str]:
+    """The ``vllm serve`` argument list equal to ``vllm.LLM(model, **kwargs)``."""
+    args = [model, "--hf-overrides", json.dumps(kwargs["hf_overrides"], separators=(",", ":"))]
+    if kwargs.get("max_model_len") is not None:
+        args += ["--max-model-len", str(kwargs["max_model_len"])]
+    return args
+
+
+def serve_command(model: str, kwargs: dict[str, Any]) -> str:
+    return "vllm serve " + " ".join(shlex.quote(a) for a in serve_args(model, kwargs))
