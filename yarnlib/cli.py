@@ -13,6 +13,10 @@ import sys
 # module path of each subcommand, in the order `yarnlib --help` lists them
 SUBCOMMANDS = [
     "yarnlib.inspect_cli",
+    "yarnlib.config_cli",
+    "yarnlib.vllm.args_cli",
+    "yarnlib.vllm.check_rollout",
+    "yarnlib.eval.cli",
     # more subcommands: one line each (config, vllm-args, check-rollout, eval, finetune, demo)
 ]
 

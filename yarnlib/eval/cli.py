@@ -1,0 +1,203 @@
+"""``yarnlib eval perplexity | passkey | lm-eval``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from yarnlib.eval.data import DEFAULT_DATASET, load_documents, select_samples
+from yarnlib.eval.methods import check_methods, parse_methods
+from yarnlib.eval.store import CellStore
+from yarnlib.models import load_config, load_model, resolve
+from yarnlib.spec import METHODS
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TASKS_DIR = Path(__file__).parent / "tasks"
+
+
+def int_list(field: str, text: str, minimum: int = 1) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{field}: {text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < minimum:
+        raise ValueError(f"{field}: every value must be an integer >= {minimum}, got {text!r}")
+    return sorted(set(values))
+
+
+def float_list(field: str, text: str, low: float, high: float) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{field}: {text!r} is not a comma-separated list of numbers") from None
+    if not values or not all(low <= v <= high for v in values):
+        raise ValueError(f"{field}: every value must be in [{low}, {high}], got {text!r}")
+    return sorted(set(values))
+
+
+def positive(field: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"{field} must be a positive integer, got {value!r}")
+
+
+def prepare(args, lengths):
+    """Validate the model and the methods from the config alone; returns (methods, original)."""
+    if args.dtype not in DTYPES:
+        raise ValueError(f"dtype: {args.dtype!r}; allowed: {', '.join(DTYPES)}")
+    methods = parse_methods(args.methods, args.factor)
+    native = check_methods(load_config(args.model), methods)
+    return methods, native.original_max_position_embeddings
+
+
+def settings(args, *fields) -> dict:
+    return {"model": args.model, "dtype": args.dtype, **{f: getattr(args, f) for f in fields}}
+
+
+def finish(store: CellStore, name: str, computed: list, wanted: int, extra: dict) -> None:
+    json_path, csv_path = store.write_final(name, extra)
+    print(f"computed {len(computed)} cells; results: {json_path}, {csv_path}")
+    if len(store.done) < wanted:
+        print(f"stopped with {len(store.done)} of {wanted} cells done; rerun with --resume")
+
+
+def run_perplexity_cli(args) -> int:
+    from yarnlib.eval.perplexity import run_perplexity, table
+    from yarnlib.eval.plots import plot_perplexity
+
+    lengths = int_list("lengths", args.lengths, minimum=2)
+    for field in ("samples", "window", "stride", "chunk_size", "max_cells"):
+        positive(field, getattr(args, field))
+    methods, original = prepare(args, lengths)
+    tokenizer = AutoTokenizer.from_pretrained(resolve(args.model))
+    docs = load_documents(args.dataset, args.text_column, args.split, args.dataset_config)
+    tokens = [torch.tensor(tokenizer(text)["input_ids"]) for _, text in docs]
+    chosen, skipped = select_samples([len(t) for t in tokens], lengths, args.samples)
+    fields = ("dataset", "text_column", "split", "samples", "window", "stride")
+    store = CellStore(args.output, ("method", "length"), settings(args, *fields), args.resume)
+    model, _ = load_model(args.model, DTYPES[args.dtype])
+    computed = run_perplexity(
+        model, tokens, methods, lengths, chosen, skipped, store, original,
+        args.window, args.stride, args.chunk_size, args.max_cells,
+    )  # fmt: skip
+    records = list(store.done.values())
+    names = {n: [docs[d][0] for d in chosen[n]] for n in lengths}
+    finish(store, "perplexity", computed, len(methods) * len(lengths), {"documents": names})
+    print(table(records))
+    if records:
+        plot = plot_perplexity(records, original, Path(args.output) / "perplexity.png", args.model)
+        print(f"plot: {plot}")
+    return 0
+
+
+def run_passkey_cli(args) -> int:
+    from yarnlib.eval.passkey import min_length, run_passkey
+    from yarnlib.eval.perplexity import table
+    from yarnlib.eval.plots import plot_passkey
+
+    lengths = int_list("lengths", args.lengths)
+    depths = float_list("depths", args.depths, 0.0, 1.0)
+    for field in ("trials", "max_new_tokens", "max_cells"):
+        positive(field, getattr(args, field))
+    methods, _ = prepare(args, lengths)
+    tokenizer = AutoTokenizer.from_pretrained(resolve(args.model))
+    shortest = min_length(tokenizer, args.distractors)
+    if lengths[0] < shortest:
+        raise ValueError(f"lengths: {lengths[0]} is shorter than the prompt's {shortest} tokens")
+    fields = ("trials", "seed", "distractors", "max_new_tokens")
+    keys = ("method", "length", "depth")
+    store = CellStore(args.output, keys, settings(args, *fields), args.resume)
+    model, _ = load_model(args.model, DTYPES[args.dtype])
+    computed = run_passkey(
+        model, tokenizer, methods, lengths, depths, args.trials, store,
+        args.seed, args.distractors, args.max_new_tokens, args.max_cells,
+    )  # fmt: skip
+    records = list(store.done.values())
+    finish(store, "passkey", computed, len(methods) * len(lengths) * len(depths), {})
+    by_length = {}
+    for r in records:  # mean accuracy over depths, for the printed table
+        by_length.setdefault((r["method"], r["length"]), []).append(r["accuracy"])
+    rows = [
+        {"method": m, "length": n, "accuracy": sum(a) / len(a)} for (m, n), a in by_length.items()
+    ]
+    print("passkey accuracy (mean over depths)\n" + table(rows, "accuracy", "{:.0%}"))
+    if records:
+        print(f"plot: {plot_passkey(records, Path(args.output) / 'passkey.png', args.model)}")
+    return 0
+
+
+def run_lm_eval_cli(args) -> int:
+    """Forward to lm-eval's own CLI with the yarnlib model registered and our tasks included."""
+    from lm_eval.__main__ import cli_evaluate
+
+    import yarnlib.eval.lm_eval_model  # noqa: F401  (registers --model yarnlib)
+
+    forwarded = list(args.lm_eval_args)
+    if forwarded[:1] == ["--"]:
+        forwarded = forwarded[1:]
+    if "--model" not in forwarded:
+        forwarded = ["--model", "yarnlib", *forwarded]
+    if "--include_path" not in forwarded:
+        forwarded += ["--include_path", str(TASKS_DIR)]
+    if "--device" not in forwarded and not torch.cuda.is_available():
+        forwarded += ["--device", "cpu"]
+    sys.argv = ["lm_eval", *forwarded]
+    cli_evaluate()
+    return 0
+
+
+def common(parser, lengths: str, output: str) -> None:
+    parser.add_argument("--model", required=True, help="local folder, hub id, or 'smollm2'")
+    parser.add_argument(
+        "--methods",
+        default="none,yarn",
+        help=f"comma-separated METHOD[:FACTOR]; methods: {', '.join(METHODS)}",
+    )
+    parser.add_argument("--factor", type=float, default=2.0, help="factor when none is given")
+    parser.add_argument("--lengths", default=lengths, help="comma-separated token lengths")
+    parser.add_argument("--output", default=output, help="folder for every result file")
+    parser.add_argument("--resume", action="store_true", help="skip cells already in the JSONL")
+    parser.add_argument("--max-cells", type=int, help="stop after this many new cells")
+    parser.add_argument("--dtype", default="float32", help=", ".join(DTYPES))
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("eval", help="perplexity, passkey retrieval, lm-eval")
+    evals = parser.add_subparsers(dest="eval_command", required=True)
+
+    p = evals.add_parser("perplexity", help="perplexity vs context length per method")
+    common(p, "2048,4096,8192", "results/perplexity")
+    p.add_argument(
+        "--dataset",
+        nargs="+",
+        help=f".txt/.jsonl/.parquet files or folders, or a datasets id (default {DEFAULT_DATASET})",
+    )
+    p.add_argument("--text-column", default="text", help="column of .jsonl/.parquet/datasets")
+    p.add_argument("--split", default="test", help="split of a datasets id")
+    p.add_argument("--dataset-config", help="config name of a datasets id")
+    p.add_argument("--samples", type=int, default=4, help="documents per length")
+    p.add_argument("--window", type=int, help="sliding window size (default: whole sample)")
+    p.add_argument("--stride", type=int, help="sliding window stride (default: the window)")
+    p.add_argument("--chunk-size", type=int, default=1024, help="positions per head chunk")
+    p.set_defaults(func=run_perplexity_cli)
+
+    p = evals.add_parser("passkey", help="passkey retrieval accuracy, lengths × depths")
+    common(p, "4096,8192", "results/passkey")
+    p.add_argument("--depths", default="0.1,0.5,0.9", help="key depths in [0, 1]")
+    p.add_argument("--trials", type=int, default=5, help="prompts per cell")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--distractors", type=int, default=0, help="decoy keys (harder variant)")
+    p.add_argument("--max-new-tokens", type=int, default=8)
+    p.set_defaults(func=run_passkey_cli)
+
+    p = evals.add_parser(
+        "lm-eval",
+        help="lm-eval with --model yarnlib registered and the yarnlib_passkey task",
+        description="Everything after `lm-eval` goes to lm_eval, e.g. yarnlib eval lm-eval "
+        "--model_args pretrained=smollm2,method=yarn,factor=2 --tasks yarnlib_passkey",
+    )
+    p.add_argument("lm_eval_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=run_lm_eval_cli)

@@ -1,0 +1,111 @@
+"""Documents for perplexity: a ``datasets`` id, or local ``.txt`` / ``.jsonl`` / ``.parquet``
+files and folders of them (a plain text file is one document)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# The shared data folder sits beside the repository (../shared/data from its root).
+DEFAULT_DATASET = REPO_ROOT.parent / "shared" / "data" / "shakespeare"
+SUFFIXES = (".txt", ".jsonl", ".parquet")
+
+
+def _jsonl_texts(path: Path, column: str) -> list[str]:
+    texts = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"dataset: {path}:{number}: malformed JSON: {error.msg}") from None
+        if not isinstance(row, dict) or column not in row:
+            keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise ValueError(
+                f"text_column: {column!r} not in {path}:{number}; available columns: {keys}"
+            )
+        texts.append(str(row[column]))
+    return texts
+
+
+def _parquet_texts(path: Path, column: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(path).names
+    if column not in names:
+        raise ValueError(f"text_column: {column!r} not in {path}; available columns: {names}")
+    return [str(t) for t in pq.read_table(path, columns=[column]).column(column).to_pylist()]
+
+
+def _file_documents(path: Path, column: str) -> list[tuple[str, str]]:
+    if path.suffix == ".txt":
+        return [(path.stem, path.read_text(errors="replace"))]
+    texts = _jsonl_texts(path, column) if path.suffix == ".jsonl" else _parquet_texts(path, column)
+    return [(f"{path.stem}[{i}]", text) for i, text in enumerate(texts)]
+
+
+def _hub_documents(name: str, column: str, split: str, config: str | None) -> list[tuple]:
+    import datasets
+
+    try:
+        data = datasets.load_dataset(name, config, split=split)
+    except Exception as error:  # datasets raises many types for a missing / offline dataset
+        raise ValueError(
+            f"dataset: {name!r} is neither a local .txt/.jsonl/.parquet file or folder nor a "
+            f"loadable datasets id ({type(error).__name__}: {error})"
+        ) from None
+    if column not in data.column_names:
+        raise ValueError(
+            f"text_column: {column!r} not in dataset {name!r}; available: {data.column_names}"
+        )
+    return [(f"{name}[{i}]", str(t)) for i, t in enumerate(data[column])]
+
+
+def load_documents(
+    sources: list[str] | None = None,
+    text_column: str = "text",
+    split: str = "test",
+    config: str | None = None,
+) -> list[tuple[str, str]]:
+    """``(name, text)`` for every document, in a stable order (folders sorted by file name)."""
+    docs: list[tuple[str, str]] = []
+    for source in sources or [str(DEFAULT_DATASET)]:
+        path = Path(source)
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES)
+            if not files:
+                raise ValueError(f"dataset: no {', '.join(SUFFIXES)} files in folder {source!r}")
+        elif path.is_file():
+            if path.suffix not in SUFFIXES:
+                raise ValueError(
+                    f"dataset: {source!r} has suffix {path.suffix!r}; "
+                    f"allowed: {', '.join(SUFFIXES)}"
+                )
+            files = [path]
+        else:
+            docs += _hub_documents(source, text_column, split, config)
+            continue
+        for file in files:
+            docs += _file_documents(file, text_column)
+    return docs
+
+
+def select_samples(
+    token_counts: list[int], lengths: list[int], samples: int
+) -> tuple[dict[int, list[int]], dict[int, int]]:
+    """For each length, the first ``samples`` documents with at least that many tokens, and how
+    many documents were skipped as too short. Each sample is a document's first L tokens."""
+    chosen, skipped = {}, {}
+    longest = max(token_counts, default=0)
+    for length in lengths:
+        if length > longest:
+            raise ValueError(
+                f"lengths: {length} tokens is longer than every document (longest: {longest} "
+                "tokens); allowed: lengths up to the longest document"
+            )
+        fits = [i for i, n in enumerate(token_counts) if n >= length]
+        chosen[length] = fits[:samples]
+        skipped[length] = len(token_counts) - len(fits)
+    return chosen, skipped

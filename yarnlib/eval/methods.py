@@ -1,0 +1,71 @@
+"""The ``--methods`` list of an evaluation: parsing, validation against a config, application."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yarnlib
+from yarnlib.patches.patch import SUPPORTED, patch_state, target_spec
+from yarnlib.spec import METHODS, RopeScaling, canonical_method
+
+
+@dataclass(frozen=True)
+class Method:
+    """One row of a comparison: a scaling method at one factor (``none`` runs the model as is)."""
+
+    method: str
+    factor: float
+
+    @property
+    def label(self) -> str:
+        return "none" if self.method == "none" else f"{self.method}:{self.factor:g}"
+
+    @property
+    def is_dynamic(self) -> bool:
+        return self.method in ("dynamic_ntk", "dynamic_yarn")
+
+
+def parse_methods(text: str, default_factor: float = 2.0) -> list[Method]:
+    """``"none,linear:2,yarn:4,dynamic_yarn"`` → methods; a missing factor is ``default_factor``."""
+    methods = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, _, factor_text = item.partition(":")
+        method = canonical_method(name)
+        try:
+            factor = float(factor_text) if factor_text else default_factor
+        except ValueError:
+            raise ValueError(
+                f"methods: factor {factor_text!r} in {item!r} is not a number "
+                "(write METHOD or METHOD:FACTOR, e.g. yarn:4)"
+            ) from None
+        methods.append(Method(method, 1.0 if method == "none" else factor))
+    if not methods:
+        raise ValueError(f"methods: no method given in {text!r}; known: {', '.join(METHODS)}")
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"methods: {text!r} lists a method twice")
+    return methods
+
+
+def check_methods(config, methods: list[Method]) -> RopeScaling:
+    """Raise before any weights load if the model cannot run one of ``methods``."""
+    if config.model_type not in SUPPORTED:
+        raise ValueError(
+            f"model: model_type {config.model_type!r} cannot be patched; "
+            f"supported: {', '.join(SUPPORTED)}"
+        )
+    native = RopeScaling.from_hf(config)
+    for m in methods:
+        if m.method != "none":
+            target_spec(native, m.method, m.factor, None, {})
+    return native
+
+
+def apply_method(model, m: Method):
+    """Run ``model`` with ``m``: patched for a scaling method, restored exactly for ``none``."""
+    if m.method == "none":
+        if patch_state(model) is not None:
+            yarnlib.unpatch(model)
+        return model
+    return yarnlib.patch(model, method=m.method, factor=m.factor)

@@ -1,0 +1,78 @@
+"""The two pictures of an evaluation; each is drawn from the cells saved in the results JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_perplexity(records: list[dict], original: int | None, path: Path, title: str = "") -> Path:
+    """Perplexity vs context length, one line per method, the original context marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in dict.fromkeys(r["method"] for r in records):
+        rows = sorted((r["length"], r["perplexity"]) for r in records if r["method"] == method)
+        ax.plot([n for n, _ in rows], [p for _, p in rows], marker="o", label=method)
+    if original:
+        ax.axvline(original, color="grey", ls="--", lw=1)
+        ax.annotate(
+            f"original context {original}",
+            (original, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, -14),
+            textcoords="offset points",
+            fontsize=8,
+            color="grey",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("perplexity (log scale)")
+    ax.set_title(title or "Perplexity vs context length")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_passkey(records: list[dict], path: Path, title: str = "") -> Path:
+    """Accuracy heatmap (depth down, length across), one panel per method."""
+    plt = _pyplot()
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    lengths = sorted({r["length"] for r in records})
+    depths = sorted({r["depth"] for r in records})
+    acc = {(r["method"], r["length"], r["depth"]): r["accuracy"] for r in records}
+    fig, axes = plt.subplots(
+        1, len(methods), figsize=(1.2 + 0.8 * len(lengths) * len(methods), 1.6 + 0.4 * len(depths))
+    )
+    axes = [axes] if len(methods) == 1 else list(axes)
+    image = None
+    for ax, method in zip(axes, methods, strict=True):
+        grid = [[acc.get((method, n, d), float("nan")) for n in lengths] for d in depths]
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(len(lengths)), [f"{n // 1024}k" if n >= 1024 else n for n in lengths])
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+        ax.set_title(method, fontsize=9)
+        ax.set_xlabel("length")
+        for i, row in enumerate(grid):
+            for j, value in enumerate(row):
+                if value == value:  # not NaN
+                    ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=7)
+    axes[0].set_ylabel("key depth")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="accuracy")
+    fig.suptitle(title or "Passkey retrieval accuracy", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path

@@ -1,0 +1,78 @@
+"""Results of an evaluation: one JSONL line per finished cell (so ``--resume`` skips it), then
+a final JSON and CSV with every cell."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+CELLS = "cells.jsonl"
+
+
+def settings_id(settings: dict[str, Any]) -> str:
+    """A short hash of what makes cells comparable (model, data, samples, …): a resumed run
+    reuses only cells computed under the same settings."""
+    blob = json.dumps(settings, sort_keys=True, default=str).encode()
+    return hashlib.sha1(blob).hexdigest()[:12]
+
+
+class CellStore:
+    def __init__(
+        self, output: str | Path, key_fields: tuple[str, ...], settings: dict, resume: bool
+    ):
+        self.output = Path(output)
+        self.output.mkdir(parents=True, exist_ok=True)
+        self.path = self.output / CELLS
+        self.key_fields = key_fields
+        self.settings = settings
+        self.id = settings_id(settings)
+        self.done: dict[tuple, dict] = {}
+        if resume and self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by a kill
+                    continue
+                if record.get("settings_id") == self.id:
+                    self.done[self.key(record)] = record
+        else:
+            self.path.write_text("")  # a fresh run starts a fresh file
+
+    def key(self, record: dict) -> tuple:
+        return tuple(record[f] for f in self.key_fields)
+
+    def has(self, **key) -> bool:
+        return tuple(key[f] for f in self.key_fields) in self.done
+
+    def add(self, record: dict) -> None:
+        record = {**record, "settings_id": self.id}
+        # Rewrite-free append, flushed to disk: a kill loses at most the cell in progress.
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.done[self.key(record)] = record
+
+    def write_final(self, name: str, extra: dict | None = None) -> tuple[Path, Path]:
+        """``{name}.json`` (settings + cells + extra) and ``{name}.csv`` (one row per cell)."""
+        cells = list(self.done.values())
+        json_path = self.output / f"{name}.json"
+        payload = {"settings": self.settings, "cells": cells, **(extra or {})}
+        json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        csv_path = self.output / f"{name}.csv"
+        columns: list[str] = []
+        for cell in cells:
+            columns += [k for k, v in cell.items() if k not in columns and not _nested(v)]
+        with csv_path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, columns, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(cells)
+        return json_path, csv_path
+
+
+def _nested(value: Any) -> bool:
+    return isinstance(value, (list, dict))

