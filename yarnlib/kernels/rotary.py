@@ -102,7 +102,7 @@ def apply_rotary(
             _per_token(sin, layout, batch, seq)[..., :half],
         )
     cfg = _config(q, layout, rotary_dim, interleaved, inplace, backend, 1.0)
-    return _Rotary.apply(q, k, *tables, pos, None, cfg)
+    return _apply(q, k, *tables, pos, None, cfg)
 
 
 def apply_scaled_rotary(
@@ -138,40 +138,46 @@ def apply_scaled_rotary(
     inv_freq = spec.inv_freq(seq_len).to(device=q.device, dtype=torch.float32)
     factor = spec.attention_factor(seq_len)
     cfg = _config(q, layout, spec.rotary_dim, interleaved, inplace, backend, factor)
-    return _Rotary.apply(q, k, None, None, pos, inv_freq, cfg)
+    return _apply(q, k, None, None, pos, inv_freq, cfg)
 
 
 class _Rotary(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, pos, inv_freq, cfg):
+    def forward(ctx, cos, sin, pos, inv_freq, cfg, *xs):
         angles = Angles(cos, sin, pos, inv_freq, cfg.attention_factor)
-        q_out, k_out = _run(q, k, angles, cfg, sign=1.0, inplace=cfg.inplace)
+        outs = _run(xs, angles, cfg, sign=1.0, inplace=cfg.inplace)
         if cfg.inplace:
-            ctx.mark_dirty(q, k)
+            ctx.mark_dirty(*xs)
         ctx.save_for_backward(cos, sin, pos, inv_freq)
         ctx.cfg = cfg
-        return q_out, k_out
+        return outs
 
     @staticmethod
-    def backward(ctx, grad_q, grad_k):
+    def backward(ctx, *grads):
         # A rotation is orthogonal: its gradient is the rotation by -θ.
         angles = Angles(*ctx.saved_tensors, ctx.cfg.attention_factor)
-        grad_q, grad_k = _run(grad_q, grad_k, angles, ctx.cfg, sign=-1.0, inplace=False)
-        return grad_q, grad_k, None, None, None, None, None
+        return (None,) * 5 + _run(grads, angles, ctx.cfg, sign=-1.0, inplace=False)
 
 
-def _run(q, k, angles: Angles, cfg: _Config, sign: float, inplace: bool):
-    q_out = q if inplace else torch.empty_like(q)
-    k_out = k if inplace else torch.empty_like(k)
+def _apply(q, k, cos, sin, pos, inv_freq, cfg):
+    if cfg.inplace:
+        # Autograd lets a Function dirty a view (q from a transposed projection) only when it
+        # returns one tensor: one call each for q and k.
+        return tuple(_Rotary.apply(cos, sin, pos, inv_freq, cfg, x)[0] for x in (q, k))
+    return _Rotary.apply(cos, sin, pos, inv_freq, cfg, q, k)
+
+
+def _run(xs, angles: Angles, cfg: _Config, sign: float, inplace: bool) -> tuple:
+    outs = xs if inplace else tuple(torch.empty_like(x) for x in xs)
     pairs = [
-        (_as_bshd(x, cfg.layout), _as_bshd(o, cfg.layout)) for x, o in ((q, q_out), (k, k_out))
+        (_as_bshd(x, cfg.layout), _as_bshd(o, cfg.layout)) for x, o in zip(xs, outs, strict=True)
     ]
     rotate = _triton_rotate() if cfg.backend == "triton" else reference.rotate
     rotate(pairs, angles, cfg.rotary_dim, cfg.interleaved, sign)
-    if not inplace and cfg.rotary_dim < q.shape[-1]:
+    if not inplace and cfg.rotary_dim < xs[0].shape[-1]:
         for x, out in pairs:
             out[..., cfg.rotary_dim :].copy_(x[..., cfg.rotary_dim :])
-    return q_out, k_out
+    return outs
 
 
 def _as_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:

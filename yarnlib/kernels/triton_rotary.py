@@ -154,8 +154,10 @@ def _strides(x: torch.Tensor, batch_size: int) -> list[int]:
 
 
 def rotate(pairs, angles: Angles, rotary_dim: int, interleaved: bool, sign: float) -> None:
-    """Same contract as ``reference.rotate``; ``pairs`` is ``[(q, q_out), (k, k_out)]``."""
-    (q, qo), (k, ko) = pairs
+    """Same contract as ``reference.rotate``; ``pairs`` is ``[(q, q_out), (k, k_out)]`` or
+    one pair (the second is then skipped with zero heads)."""
+    (q, qo), (k, ko) = pairs if len(pairs) == 2 else pairs * 2
+    n_k_heads = k.shape[2] if len(pairs) == 2 else 0
     batch, seq = q.shape[:2]
     n_tokens = batch * seq
     if n_tokens == 0:
@@ -173,7 +175,7 @@ def rotate(pairs, angles: Angles, rotary_dim: int, interleaved: bool, sign: floa
     _rotary_kernel[(triton.cdiv(n_tokens, block_t),)](
         q, k, qo, ko,
         table, table if table_free else angles.sin, table if pos is None else pos, table,
-        n_tokens, seq, q.shape[2], k.shape[2],
+        n_tokens, seq, q.shape[2], n_k_heads,
         *_strides(q, batch), *_strides(k, batch), *_strides(qo, batch), *_strides(ko, batch),
         *c_strides, *p_strides,
         float(angles.attention_factor), float(sign),
