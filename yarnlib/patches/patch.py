@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from yarnlib import convert
+from yarnlib.patches import rotation
 from yarnlib.patches.rotary import YarnlibRotaryEmbedding
 from yarnlib.spec import RopeScaling
 
@@ -36,6 +37,8 @@ class PatchState:
     original_config: dict[str, Any]
     original_spec: RopeScaling
     spec: RopeScaling
+    use_kernel: bool | str = "auto"
+    dispatcher_module: str | None = None  # where the q/k rotation dispatcher is installed
 
 
 def _architectures() -> str:
@@ -131,22 +134,37 @@ def patch(
     original; patching twice with the same arguments changes nothing.
     """
     owner = rotary_owner(model)
-    if use_kernel not in ("auto", True, False):
-        raise ValueError(f"use_kernel must be 'auto', True or False, got {use_kernel!r}")
     state = patch_state(model)
     current = state.original_spec if state else RopeScaling.from_hf(model.config)
     spec = target_spec(current, method, factor, original_max_position_embeddings, knobs)
-    if state and state.spec == spec:
+    head_dim = head_dim_of(model.config)
+    routed = rotation.needs_dispatcher(use_kernel, spec.rotary_dim, head_dim)
+    if state and state.spec == spec and state.use_kernel == use_kernel:
         return model
     if state is None:
         state = PatchState(owner.rotary_emb, _snapshot(model.config), current, spec)
         model._yarnlib_patch = state
-    state.spec = spec
+    state.spec, state.use_kernel = spec, use_kernel
+    _set_dispatcher(state, type(owner).__module__ if routed else None)
     device = state.original_rotary.inv_freq.device
-    owner.rotary_emb = YarnlibRotaryEmbedding(spec, device=device)
+    owner.rotary_emb = YarnlibRotaryEmbedding(spec, head_dim, use_kernel, device=device)
     _write_config(model.config, spec)
     _wrap_generate(model)
     return model
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _set_dispatcher(state: PatchState, module: str | None) -> None:
+    if state.dispatcher_module == module:
+        return
+    if state.dispatcher_module:
+        rotation.uninstall(state.dispatcher_module)
+    if module:
+        rotation.install(module)
+    state.dispatcher_module = module
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -155,6 +173,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     if state is None:
         raise ValueError(f"model: this {type(model).__name__} is not patched by yarnlib")
     rotary_owner(model).rotary_emb = state.original_rotary
+    _set_dispatcher(state, None)
     _restore(model.config, state.original_config)
     model.__dict__.pop("generate", None)
     del model._yarnlib_patch

@@ -18,13 +18,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from yarnlib.patches.rotation import choose_route, tag
 from yarnlib.spec import RopeScaling
 
 
 class YarnlibRotaryEmbedding(nn.Module):
-    def __init__(self, spec: RopeScaling, device: torch.device | None = None):
+    def __init__(
+        self,
+        spec: RopeScaling,
+        head_dim: int,
+        use_kernel: bool | str = "auto",
+        device: torch.device | None = None,
+    ):
         super().__init__()
         self.spec = spec
+        self.head_dim = head_dim
+        self.use_kernel = use_kernel
         self.declared_length: int | None = None
         self.frozen_length: int | None = None  # the dynamic scale's length for this sequence
         inv_freq, self.attention_scaling = spec.frequencies()
@@ -62,7 +71,8 @@ class YarnlibRotaryEmbedding(nn.Module):
             emb = torch.cat((freqs, freqs), dim=-1)
             cos = emb.cos() * attention_factor
             sin = emb.sin() * attention_factor
-        return cos.to(x.dtype), sin.to(x.dtype)
+        route = choose_route(self.use_kernel, self.spec.rotary_dim, self.head_dim, x.device)
+        return tag(cos.to(x.dtype), route), sin.to(x.dtype)
 
     def extra_repr(self) -> str:
         return self.spec.describe()
