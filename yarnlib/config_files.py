@@ -1,0 +1,588 @@
+"""Rewrite the RoPE settings of a model folder: config.json, tokenizer_config.json and
+generation_config.json.
+
+Files are edited as text: only the values that change are re-serialised, so key order,
+indentation and every unrelated byte stay as they were. What a rewrite replaced is recorded
+in config.json under ``yarnlib_native``, and every rewrite starts from the files restored from
+that record: the same command twice gives identical bytes, a new factor re-scales from the
+original instead of compounding, and ``reset`` gives back the original bytes.
+
+    spec = target_spec("Qwen2.5-7B-Instruct", method="yarn", factor=4)
+    changes = plan("Qwen2.5-7B-Instruct", spec)
+    print(diff(changes)); apply("Qwen2.5-7B-Instruct", changes, in_place=True)
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from yarnlib.convert import (
+    DEFAULT_ROPE_THETA,
+    MARKER,
+    from_hf,
+    has_rope,
+    rope_parameters_of,
+    rotary_dim_of,
+    to_hf,
+)
+from yarnlib.spec import RopeScaling, canonical_method
+
+CONFIG, TOKENIZER, GENERATION = "config.json", "tokenizer_config.json", "generation_config.json"
+FILES = (CONFIG, TOKENIZER, GENERATION)
+RECORD = "yarnlib_native"  # what each rewritten file held before yarnlib changed it
+FORMATS = ("auto", "v4", "v5")
+WEIGHTS = ("symlink", "copy")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
+# transformers writes int(1e30) as model_max_length for "no limit"
+UNLIMITED = 10**18
+# vLLM's _get_and_verify_max_len: the smallest of these keys is the derived max_model_len ...
+VLLM_LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+# ... multiplied by rope `factor`, except for these types (their length is already scaled).
+VLLM_PRESCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One file's text before and after a rewrite."""
+
+    name: str
+    before: str
+    after: str
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+# -- editing JSON text ------------------------------------------------------------------------
+
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"[ \t\r\n]*")
+
+
+def _members(text: str) -> dict[str, tuple[int, int, int]]:
+    """Top-level members of a valid JSON object: key -> (key start, value start, value end)."""
+    i = _WS.match(text, text.index("{") + 1).end()
+    out: dict[str, tuple[int, int, int]] = {}
+    while text[i] != "}":
+        key, colon = json.decoder.scanstring(text, i + 1)
+        value_start = _WS.match(text, _WS.match(text, colon).end() + 1).end()
+        _, end = _DECODER.raw_decode(text, value_start)
+        out[key] = (i, value_start, end)
+        i = _WS.match(text, end).end()
+        if text[i] == ",":
+            i = _WS.match(text, i + 1).end()
+    return out
+
+
+def _dump(value: Any, indent: str | None) -> str:
+    if indent is None:
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, indent=indent, ensure_ascii=False).replace("\n", "\n" + indent)
+
+
+class _Doc:
+    """A JSON object's text, edited member by member, recording how to undo each edit."""
+
+    def __init__(self, text: str):
+        self.text = text
+        match = re.match(r"\s*\{\r?\n([ \t]*)\S", text)
+        self.indent = match.group(1) if match else None
+        self.values: dict[str, Any] = {}  # original values of replaced members
+        self.texts: dict[str, str] = {}  # their exact text, where re-serialising differs
+        self.added: list[str] = []
+        self.removed: list[dict[str, Any]] = []  # {"after": key or None, "text": chunk}
+
+    def set(self, key: str, value: Any) -> None:
+        members = _members(self.text)
+        if key not in members:
+            end = max(m[2] for m in members.values())
+            sep = ", " if self.indent is None else ",\n" + self.indent
+            entry = f"{sep}{json.dumps(key)}: {_dump(value, self.indent)}"
+            self.text = self.text[:end] + entry + self.text[end:]
+            self.added.append(key)
+            return
+        _, start, end = members[key]
+        old_text = self.text[start:end]
+        old = json.loads(old_text)
+        if old == value:
+            return
+        self.values[key] = old
+        if _dump(old, self.indent) != old_text:
+            self.texts[key] = old_text
+        self.replace(key, _dump(value, self.indent))
+
+    def replace(self, key: str, value_text: str) -> None:
+        _, start, end = _members(self.text)[key]
+        self.text = self.text[:start] + value_text + self.text[end:]
+
+    def remove(self, key: str) -> None:
+        """Cut the member with the separator before it (after the first one), or after it."""
+        members = list(_members(self.text).items())
+        index = [k for k, _ in members].index(key)
+        key_start, _, end = members[index][1]
+        if index:
+            after, start = members[index - 1][0], members[index - 1][1][2]
+        else:
+            after, start = None, key_start
+            if len(members) > 1:
+                end = members[1][1][0]
+        self.removed.append({"after": after, "text": self.text[start:end]})
+        self.text = self.text[:start] + self.text[end:]
+
+    def insert(self, chunk: str, after: str | None) -> None:
+        members = _members(self.text)
+        if after is None:
+            pos = min(m[0] for m in members.values())
+        else:  # a missing anchor (edited away since) appends at the end
+            pos = members[after][2] if after in members else max(m[2] for m in members.values())
+        self.text = self.text[:pos] + chunk + self.text[pos:]
+
+    def record(self) -> dict[str, Any]:
+        record = {"values": self.values, "texts": self.texts, "added": self.added}
+        record["removed"] = self.removed
+        return {k: v for k, v in record.items() if v}
+
+
+def _undo(text: str, record: dict[str, Any]) -> str:
+    doc = _Doc(text)
+    present = _members(text)
+    for key in reversed(record.get("added", [])):
+        if key in present:
+            doc.remove(key)
+    for key, value in record.get("values", {}).items():
+        if key in present:
+            doc.replace(key, record.get("texts", {}).get(key) or _dump(value, doc.indent))
+    for item in reversed(record.get("removed", [])):
+        doc.insert(item["text"], item["after"])
+    return doc.text
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+def _parse(path: Path, text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: malformed JSON at line {error.lineno}: {error.msg}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_files(model_dir: str | Path) -> dict[str, str]:
+    """config.json, and tokenizer_config.json / generation_config.json where present, as text."""
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise ValueError(f"model_dir: {str(model_dir)!r} is not a folder")
+    if not (folder / CONFIG).is_file():
+        raise ValueError(f"model_dir: no config.json in {str(model_dir)!r}")
+    texts = {}
+    for name in FILES:
+        path = folder / name
+        if path.is_file():
+            try:
+                texts[name] = path.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}: not UTF-8 text ({error.reason})") from None
+            _parse(path, texts[name])
+    config = json.loads(texts[CONFIG])
+    if not has_rope(config):
+        raise ValueError(
+            f"{folder / CONFIG}: model_type {config.get('model_type')!r} has no rotary embedding "
+            "(no rope_theta, rope_scaling or rope_parameters); yarnlib config needs a RoPE model"
+        )
+    return texts
+
+
+def file_format(config: dict[str, Any]) -> str:
+    """'v5' if the file uses rope_parameters, else 'v4' (rope_scaling wins where both are set)."""
+    if config.get("rope_scaling") is None and config.get("rope_parameters") is not None:
+        return "v5"
+    return "v4"
+
+
+def native_files(texts: dict[str, str]) -> dict[str, str]:
+    """The files as they were before yarnlib changed them."""
+    config = json.loads(texts[CONFIG])
+    record = config.get(RECORD)
+    if isinstance(record, dict):
+        native = {name: _undo(text, record.get(name, {})) for name, text in texts.items()}
+        doc = _Doc(native[CONFIG])
+        doc.remove(RECORD)
+        native[CONFIG] = doc.text
+        # Undoing and redoing must give the file as it is: otherwise someone edited the keys
+        # yarnlib wrote, and restoring the record would throw their edit away.
+        spec = from_hf(config)
+        redone = _scale(native, spec, file_format(config), record=False)[CONFIG]
+        if json.loads(redone) != {k: v for k, v in config.items() if k != RECORD}:
+            raise ValueError(
+                f"{CONFIG}: the RoPE keys were edited after yarnlib wrote them, so the record in "
+                f"{RECORD!r} no longer applies; delete the keys {RECORD!r} and {MARKER!r} to take "
+                "the file as it is now"
+            )
+        return native
+    if MARKER in config:
+        # Written by yarnlib.patch + save_pretrained: no exact record, but the marker gives the
+        # unscaled theta and original length.
+        spec = from_hf(config)
+        unscaled = RopeScaling(
+            "none",
+            1.0,
+            spec.original_max_position_embeddings,
+            spec.rope_theta,
+            spec.rotary_dim,
+        )
+        native = dict(texts)
+        native[CONFIG] = _scale(texts, unscaled, file_format(config), record=False)[CONFIG]
+        doc = _Doc(native[CONFIG])
+        doc.remove(MARKER)
+        native[CONFIG] = doc.text
+        return native
+    return dict(texts)
+
+
+# -- planning -----------------------------------------------------------------------------------
+
+
+def current_spec(model_dir: str | Path) -> RopeScaling:
+    """The spec the folder runs now (yarnlib's exact one where it wrote the file)."""
+    return from_hf(json.loads(read_files(model_dir)[CONFIG]))
+
+
+def target_spec(
+    model_dir: str | Path,
+    method: str | None = None,
+    factor: float | None = None,
+    original_max_position_embeddings: int | None = None,
+    **knobs: Any,
+) -> RopeScaling:
+    """The spec for ``method``/``factor`` on this model: its unscaled rope_theta and rotary dim,
+    and its original context unless given (the one recorded in an already scaled config)."""
+    native = from_hf(json.loads(native_files(read_files(model_dir))[CONFIG]))
+    method = canonical_method(method or "yarn")
+    if factor is None:
+        if method != "none":
+            raise ValueError(f"factor is required for method {method!r} (e.g. --factor 4)")
+        factor = 1.0
+    original = original_max_position_embeddings or native.original_max_position_embeddings
+    return RopeScaling(
+        method,
+        factor,
+        original,
+        native.rope_theta,
+        native.rotary_dim,
+        **{k: v for k, v in knobs.items() if v is not None},
+    )
+
+
+def _scale(
+    native: dict[str, str], spec: RopeScaling, format: str, record: bool = True
+) -> dict[str, str]:
+    """The files that run ``spec``, edited from the native files."""
+    config = json.loads(native[CONFIG])
+    doc = _Doc(native[CONFIG])
+    for key in ("rope_parameters",) if format == "v4" else ("rope_scaling", "rope_theta"):
+        if key in config:
+            doc.remove(key)
+    scaling = config.get("rope_scaling")
+    legacy = isinstance(scaling, dict) and "type" in scaling and "rope_type" not in scaling
+    for key, value in to_hf(spec, format).items():
+        if value is None and key not in config:
+            continue
+        if key == "rope_scaling" and legacy and value:  # keep the file's spelling `type`
+            value = {"type" if k == "rope_type" else k: v for k, v in value.items()}
+        doc.set(key, value)
+    out = dict(native)
+    out[CONFIG] = doc.text
+    records = {CONFIG: doc.record()} if doc.text != native[CONFIG] else {}
+    extended = spec.max_position_embeddings
+    # model_max_length follows the context; generate()'s max_length is only ever raised
+    for name, key, only_raise in (
+        (TOKENIZER, "model_max_length", False),
+        (GENERATION, "max_length", True),
+    ):
+        if name not in native or extended is None:
+            continue
+        current = json.loads(native[name]).get(key)
+        if not isinstance(current, int) or isinstance(current, bool) or current >= UNLIMITED:
+            continue
+        if current < extended or (current != extended and not only_raise):
+            other = _Doc(native[name])
+            other.set(key, extended)
+            out[name] = other.text
+            records[name] = other.record()
+    if record and records:
+        doc.set(RECORD, records)
+        out[CONFIG] = doc.text
+    return out
+
+
+def plan(
+    model_dir: str | Path,
+    spec: RopeScaling | None = None,
+    *,
+    reset: bool = False,
+    format: str = "auto",
+) -> list[Change]:
+    """The changes that make the folder run ``spec`` (or its native settings, with ``reset``)."""
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if reset == (spec is not None):
+        raise ValueError("plan: give either a spec or reset=True")
+    texts = read_files(model_dir)
+    native = native_files(texts)
+    if reset:
+        after = native
+    else:
+        native_config = json.loads(native[CONFIG])
+        dim = rotary_dim_of(native_config, rope_parameters_of(native_config))
+        if spec.rotary_dim != dim:
+            raise ValueError(f"rotary_dim: the spec has {spec.rotary_dim}, the model has {dim}")
+        if spec.method == "none" and spec.factor != 1:
+            raise ValueError(
+                f"factor: method 'none' scales nothing, so factor must be 1, got {spec.factor:g} "
+                "(to restore the native settings, use reset)"
+            )
+        fmt = file_format(native_config) if format == "auto" else format
+        after = _scale(native, spec, fmt)
+    return [Change(name, texts[name], after[name]) for name in texts]
+
+
+def diff(changes: list[Change]) -> str:
+    """A unified diff of the changes (empty when nothing changes)."""
+    return "".join(
+        "".join(
+            difflib.unified_diff(
+                c.before.splitlines(keepends=True),
+                c.after.splitlines(keepends=True),
+                f"a/{c.name}",
+                f"b/{c.name}",
+            )
+        )
+        for c in changes
+        if c.changed
+    )
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+
+def _stage(path: Path, data: bytes, mode: int) -> Path:
+    """Write ``data`` to a temporary file beside ``path``, flushed to disk."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return Path(tmp)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777 if path.exists() else 0o644
+
+
+def _write_in_place(folder: Path, changes: list[Change]) -> list[Path]:
+    # Checked by mode bits too: root may write anywhere, but a folder the user made read-only
+    # (or an HF cache mounted so) is not ours to change.
+    if not os.access(folder, os.W_OK) or not folder.stat().st_mode & 0o222:
+        raise ValueError(f"model_dir: {folder} is read-only; nothing was written (try --output)")
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for change in changes:
+            path = folder / change.name
+            backup = folder / (change.name + ".bak")
+            if not backup.exists():
+                staged.append((_stage(backup, change.before.encode(), _mode(path)), backup))
+            staged.append((_stage(path, change.after.encode(), _mode(path)), path))
+    except OSError as error:
+        for tmp, _ in staged:
+            tmp.unlink()
+        raise ValueError(f"model_dir: cannot write in {folder}: {error.strerror}") from None
+    # os.replace swaps a symlink (an HF cache snapshot entry) for the new file: the shared
+    # blob it pointed to is never written.
+    for tmp, path in staged:
+        os.replace(tmp, path)
+    _fsync_dir(folder)
+    return [path for _, path in staged]
+
+
+def _write_output(source: Path, output: Path, changes: list[Change], weights: str) -> list[Path]:
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ValueError(f"output: {output} exists and is not an empty folder")
+    if output.resolve().is_relative_to(source.resolve()):
+        raise ValueError(f"output: {output} is inside the model folder {source}")
+    new = {c.name: c.after.encode() for c in changes}
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp"))
+    try:
+        for root, dirs, files in os.walk(source, followlinks=True):
+            dirs[:] = [d for d in dirs if d != ".git"]
+            rel = Path(root).relative_to(source)
+            (tmp / rel).mkdir(exist_ok=True)
+            for name in files:
+                src, dst = Path(root) / name, tmp / rel / name
+                if str(rel / name) in new:
+                    dst.write_bytes(new[str(rel / name)])
+                elif weights == "symlink" and name.endswith(WEIGHT_SUFFIXES):
+                    os.symlink(os.path.realpath(src), dst)
+                else:
+                    shutil.copyfile(src, dst)
+        if output.exists():
+            output.rmdir()
+        os.rename(tmp, output)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValueError(f"output: cannot write {output}: {error.strerror}") from None
+    return [output / name for name in new]
+
+
+def apply(
+    model_dir: str | Path,
+    changes: list[Change],
+    *,
+    in_place: bool = False,
+    output: str | Path | None = None,
+    weights: str = "symlink",
+) -> list[Path]:
+    """Write ``changes``: into the folder (``in_place``, keeping a ``.bak`` of each file the
+    first time it changes) or into a new folder ``output``. Returns the files written."""
+    if in_place == (output is not None):
+        raise ValueError("apply: give exactly one of in_place=True or output=DIR")
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    folder = Path(model_dir)
+    changed = [c for c in changes if c.changed]
+    if output is not None:
+        return _write_output(folder, Path(output), changed, weights)
+    return _write_in_place(folder, changed) if changed else []
+
+
+# -- reporting ----------------------------------------------------------------------------------
+
+
+def vllm_max_model_len(config: dict[str, Any]) -> int:
+    """The max_model_len vLLM derives from config.json (its ``_get_and_verify_max_len``)."""
+    if config.get("model_max_length"):
+        length = config["model_max_length"]
+    else:
+        lengths = [config[k] for k in VLLM_LENGTH_KEYS if config.get(k) is not None]
+        length = min(lengths) if lengths else 2048
+    params = rope_parameters_of(config)
+    if params["rope_type"] not in VLLM_PRESCALED:
+        length *= params.get("factor") or 1.0
+    return int(length)
+
+
+def _limit(texts: dict[str, str], name: str, key: str) -> int | None:
+    return json.loads(texts[name]).get(key) if name in texts else None
+
+
+def show(model_dir: str | Path) -> dict[str, Any]:
+    """The RoPE settings transformers and vLLM read from the folder, and what disagrees."""
+    texts = read_files(model_dir)
+    config = json.loads(texts[CONFIG])
+    params = rope_parameters_of(config)
+    problems: list[str] = []
+    if params["rope_theta"] is None:
+        problems.append(
+            f"config.json has no rope_theta: transformers and vLLM fall back to "
+            f"{DEFAULT_ROPE_THETA:g}"
+        )
+    params["rope_theta"] = params["rope_theta"] or DEFAULT_ROPE_THETA
+    try:
+        spec = from_hf(config)
+    except ValueError as error:
+        spec = None
+        problems.append(f"yarnlib cannot read these settings: {error}")
+    if spec is not None and isinstance(config.get(MARKER), dict):
+        marked = RopeScaling(**config[MARKER], rotary_dim=spec.rotary_dim)
+        if marked != spec:
+            problems.append(
+                f"the RoPE keys were edited after yarnlib wrote {MARKER}: readers run "
+                f"{spec.describe()}, not {marked.describe()}"
+            )
+    native = extended = None
+    if spec is not None:
+        native = spec.original_max_position_embeddings
+        extended = spec.max_position_embeddings
+    max_model_len = vllm_max_model_len(config)
+    rope_type = params["rope_type"]
+    if rope_type == "dynamic":
+        problems.append(
+            f"vLLM runs rope_type 'dynamic' as static NTK scaled for max_model_len="
+            f"{max_model_len}, transformers rescales per sequence length: they differ"
+        )
+    elif rope_type not in ("default", "linear", "yarn"):
+        problems.append(
+            f"rope_type {rope_type!r} loads in transformers only after `import yarnlib`, and "
+            "in vLLM only with yarnlib's vLLM plugin"
+        )
+    if extended is not None and max_model_len != extended:
+        problems.append(
+            f"vLLM derives max_model_len={max_model_len} from config.json, but the RoPE is "
+            f"scaled for {extended} tokens"
+        )
+    model_max_length = _limit(texts, TOKENIZER, "model_max_length")
+    finite = isinstance(model_max_length, int) and model_max_length < UNLIMITED
+    if extended is not None and finite and model_max_length != extended:
+        problems.append(
+            f"tokenizer_config.json model_max_length={model_max_length}, but the model's "
+            f"context is {extended}"
+        )
+    max_length = _limit(texts, GENERATION, "max_length")
+    if extended is not None and isinstance(max_length, int) and max_length < extended:
+        problems.append(
+            f"generation_config.json max_length={max_length} is below the context {extended}: "
+            "generate() stops there unless told otherwise"
+        )
+    return {
+        "model_dir": str(model_dir),
+        "model_type": config.get("model_type"),
+        "format": file_format(config),
+        "spec": None if spec is None else spec.fields(),
+        "transformers": {
+            "rope_parameters": params,
+            "max_position_embeddings": config.get("max_position_embeddings"),
+            "attention_factor": None if spec is None else spec.attention_factor(),
+        },
+        "vllm": {"rope_parameters": params, "max_model_len": max_model_len},
+        "native_context": native,
+        "extended_context": extended,
+        "tokenizer_model_max_length": model_max_length,
+        "generation_max_length": max_length,
+        "scaled_by_yarnlib": MARKER in config or RECORD in config,
+        "restorable_exactly": RECORD in config,
+        "inconsistencies": problems,
+    }
