@@ -1,0 +1,176 @@
+"""Rotary embedding speed: transformers eager, torch.compile of it, Liger, and yarnlib.
+
+Qwen2.5-7B-like shapes (28 q heads, 4 kv heads, head_dim 128, batch 1), bfloat16, yarn
+factor 4. Forward and forward+backward; every path includes building its cos/sin (ours
+table-free builds none). GB/s is over the minimum bytes: q and k read once and written
+once per pass. On CUDA also the ratio to a measured device-to-device copy of those bytes.
+
+    python benchmarks/rope_kernels.py                     # CUDA: 1k..128k; CPU: 1k..4k
+    python benchmarks/rope_kernels.py --seq 1024 4096 --out results.json
+
+On CPU only the torch paths run (no Triton, no Liger), with one warm-up call instead of two
+and lengths up to 4k, to keep the run under three minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from yarnlib import RopeScaling
+from yarnlib.kernels import apply_rotary, apply_scaled_rotary, rotary_cos_sin
+
+Q_HEADS, KV_HEADS, HEAD_DIM = 28, 4, 128
+SPEC = RopeScaling("yarn", factor=4.0, original_max_position_embeddings=32768,
+                   rope_theta=1e6, rotary_dim=HEAD_DIM)  # fmt: skip
+CUDA_SEQS = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+CPU_SEQS = [1024, 2048, 4096]
+
+
+def methods(device: torch.device) -> dict:
+    """name -> f(q, k, position_ids) returning (q, k); each includes its own cos/sin."""
+    config = LlamaConfig(hidden_size=Q_HEADS * HEAD_DIM, num_attention_heads=Q_HEADS,
+                         num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                         **SPEC.to_hf("v5"))  # fmt: skip
+    rope = LlamaRotaryEmbedding(config).to(device)
+
+    def hf_eager(q, k, position_ids):
+        cos, sin = rope(q, position_ids)
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+    def ours_table(q, k, position_ids):
+        cos, sin = rotary_cos_sin(SPEC, position_ids)
+        return apply_rotary(q, k, cos, sin)
+
+    def ours_table_free(q, k, position_ids):
+        return apply_scaled_rotary(q, k, position_ids, SPEC)
+
+    found = {"hf_eager": hf_eager, "hf_compile": torch.compile(hf_eager)}
+    if device.type == "cuda":
+        try:
+            from liger_kernel.transformers.rope import liger_rotary_pos_emb
+        except ImportError:
+            liger_rotary_pos_emb = None
+        if liger_rotary_pos_emb is not None:
+
+            def liger(q, k, position_ids):
+                cos, sin = rope(q, position_ids)
+                return liger_rotary_pos_emb(q, k, cos, sin)
+
+            found["liger"] = liger
+    found["ours_table"] = ours_table
+    found["ours_table_free"] = ours_table_free
+    return found
+
+
+def timer(fn, device: torch.device, repeats: int) -> float:
+    """Median milliseconds of ``fn()`` after warm-up (compilation, autotuning, caches)."""
+    for _ in range(2 if device.type == "cuda" else 1):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def measure(fn, seq: int, device: torch.device, dtype: torch.dtype, repeats: int) -> dict:
+    q = torch.randn(1, Q_HEADS, seq, HEAD_DIM, device=device, dtype=dtype)
+    k = torch.randn(1, KV_HEADS, seq, HEAD_DIM, device=device, dtype=dtype)
+    position_ids = torch.arange(seq, device=device)[None]
+    grads = torch.randn_like(q), torch.randn_like(k)
+    q_leaf, k_leaf = q.clone().requires_grad_(), k.clone().requires_grad_()
+
+    def forward_backward():
+        torch.autograd.backward(fn(q_leaf, k_leaf, position_ids), grads)
+
+    with torch.no_grad():
+        forward_ms = timer(lambda: fn(q, k, position_ids), device, repeats)
+    return {"forward_ms": forward_ms, "fwd_bwd_ms": timer(forward_backward, device, repeats)}
+
+
+def copy_ms(seq: int, device: torch.device, dtype: torch.dtype, repeats: int) -> float:
+    """A device-to-device copy of q and k: the same bytes as one rotary pass."""
+    q = torch.randn(1, Q_HEADS, seq, HEAD_DIM, device=device, dtype=dtype)
+    k = torch.randn(1, KV_HEADS, seq, HEAD_DIM, device=device, dtype=dtype)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    return timer(lambda: (q_out.copy_(q), k_out.copy_(k)), device, repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seq", type=int, nargs="+", help="sequence lengths (tokens)")
+    parser.add_argument("--repeats", type=int, help="timed calls per measurement")
+    parser.add_argument("--out", type=Path, help="JSON file (default: next to this script)")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16
+    seqs = args.seq or (CUDA_SEQS if device.type == "cuda" else CPU_SEQS)
+    repeats = args.repeats or (20 if device.type == "cuda" else 3)
+    out = args.out or Path(__file__).with_name(f"rope_kernels_{device.type}.json")
+    fns = methods(device)
+    rows = []
+    with tqdm(total=len(seqs) * len(fns), desc="rope benchmark") as bar:
+        for seq in seqs:
+            pass_bytes = 2 * seq * (Q_HEADS + KV_HEADS) * HEAD_DIM * dtype.itemsize
+            copy = copy_ms(seq, device, dtype, repeats) if device.type == "cuda" else None
+            for name, fn in fns.items():
+                row = {"seq": seq, "method": name, **measure(fn, seq, device, dtype, repeats)}
+                row["forward_gbps"] = pass_bytes / row["forward_ms"] / 1e6
+                row["fwd_bwd_gbps"] = 2 * pass_bytes / row["fwd_bwd_ms"] / 1e6
+                if copy is not None:
+                    row["copy_ms"] = copy
+                    row["forward_of_copy"] = copy / row["forward_ms"]
+                rows.append(row)
+                bar.update()
+    print_table(rows, device)
+    info = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "shape": {"batch": 1, "q_heads": Q_HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM},
+        "dtype": str(dtype),
+        "spec": SPEC.describe(),
+        "repeats": repeats,
+        "results": rows,
+    }
+    out.write_text(json.dumps(info, indent=2))
+    print(f"wrote {out}")
+
+
+def print_table(rows: list[dict], device: torch.device) -> None:
+    head = "| seq | method | fwd ms | fwd GB/s | fwd+bwd ms | fwd+bwd GB/s |"
+    if device.type == "cuda":
+        head += " fwd / copy |"
+    print("\n" + head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for r in rows:
+        line = (
+            f"| {r['seq'] // 1024}k | {r['method']} | {r['forward_ms']:.2f} | "
+            f"{r['forward_gbps']:.1f} | {r['fwd_bwd_ms']:.2f} | {r['fwd_bwd_gbps']:.1f} |"
+        )
+        if "forward_of_copy" in r:
+            line += f" {100 * r['forward_of_copy']:.0f} % |"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
