@@ -378,6 +378,7 @@ def test_output_folder(folder, tmp_path, weights):
     assert snapshot(repo) == before
     weight = out / "model.safetensors"
     assert weight.is_symlink() == (weights == "symlink")
+    assert stat.S_IMODE(out.stat().st_mode) == stat.S_IMODE(rev1.stat().st_mode)
     assert weight.read_bytes() == (rev1 / "model.safetensors").read_bytes()
     assert not (out / "tokenizer.json").is_symlink() and not list(out.glob("*.bak"))
     assert_runs(out, expected_spec("yarn"))
@@ -489,3 +490,14 @@ def test_show_flags(folder):
     config_path.write_text(json.dumps(data))
     problems = " ".join(config_files.show(path)["inconsistencies"])
     assert "static NTK" in problems and "no rope_theta" in problems
+
+
+def test_file_without_rope_keys_gets_v4_with_explicit_theta(folder):
+    path = folder("llama", "v4")
+    data = json.loads((path / "config.json").read_text())
+    del data["rope_theta"], data["rope_scaling"]  # transformers then uses 10000
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    assert config(path, "--factor", "4", "--in-place") == 0
+    written = json.loads((path / "config.json").read_text())
+    assert written["rope_theta"] == 10000.0 and written["rope_scaling"]["rope_type"] == "yarn"
+    assert_runs(path, RopeScaling("yarn", 4, L, 10000.0, HEAD_DIM))

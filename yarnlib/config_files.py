@@ -447,6 +447,7 @@ def _write_output(source: Path, output: Path, changes: list[Change], weights: st
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp"))
     try:
+        tmp.chmod(source.stat().st_mode & 0o777)  # mkdtemp makes it private
         for root, dirs, files in os.walk(source, followlinks=True):
             dirs[:] = [d for d in dirs if d != ".git"]
             rel = Path(root).relative_to(source)
