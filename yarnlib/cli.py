@@ -17,6 +17,7 @@ SUBCOMMANDS = [
     "yarnlib.vllm.args_cli",
     "yarnlib.vllm.check_rollout",
     "yarnlib.eval.cli",
+    "yarnlib.finetune.cli",
     # more subcommands: one line each (config, vllm-args, check-rollout, eval, finetune, demo)
 ]
 

@@ -1,0 +1,1 @@
+"""Long-context fine-tuning on accelerate: ``yarnlib finetune`` / ``python -m yarnlib.finetune``."""

@@ -1,0 +1,188 @@
+"""Fine-tuning loop on CPU with tiny models: learning, saved config, exact resume, packing,
+errors before the first step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from accelerate.state import AcceleratorState
+from finetune_support import char_tokenizer, cyclic_texts, model_dir, text_folder
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from yarnlib import RopeScaling
+from yarnlib.cli import main as cli_main
+from yarnlib.finetune import checkpoint
+from yarnlib.finetune.batches import block_causal_mask, micro_batch
+from yarnlib.finetune.checks import check_length, check_seq_len
+from yarnlib.finetune.cli import check_args, parse_args
+from yarnlib.finetune.data import PackedRows, TokenStream, labels_for, tokenize
+from yarnlib.finetune.loop import train
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    yield
+    AcceleratorState._reset_state(True)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finetune")
+    return model_dir(root / "model"), text_folder(root / "data", cyclic_texts(60))
+
+
+def args_for(setup, tmp_path, *extra: str):
+    model, data = setup
+    argv = [
+        "--model", str(model), "--dataset", str(data), "--output", str(tmp_path / "run"),
+        "--cache-dir", str(tmp_path / "cache"), "--seq-len", "64", "--batch-size", "2",
+        "--method", "yarn", "--factor", "2", "--lr", "3e-3", "--warmup-steps", "2",
+        "--report-to", "none", "--seed", "1", *extra,
+    ]  # fmt: skip
+    args = parse_args(argv)
+    check_args(args)
+    return args
+
+
+def test_loss_falls_and_saved_model_carries_the_patched_config(setup, tmp_path):
+    result = train(args_for(setup, tmp_path, "--steps", "12", "--chunk-size", "16"))
+    losses = [result.losses[s] for s in sorted(result.losses)]
+    assert len(losses) == 12
+    assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3, losses
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 13))
+    assert all(r["tokens_per_s"] > 0 and r["memory_gib"] > 0 for r in log)
+
+    saved = AutoConfig.from_pretrained(result.model_dir)
+    trained = result.model.config
+    assert saved.rope_parameters == trained.rope_parameters
+    assert saved.rope_parameters["rope_type"] == "yarn"
+    assert RopeScaling.from_hf(saved) == RopeScaling(
+        method="yarn", factor=2, original_max_position_embeddings=256, rope_theta=50000.0,
+        rotary_dim=16,
+    )  # fmt: skip
+    reloaded = AutoModelForCausalLM.from_pretrained(result.model_dir, attn_implementation="sdpa")
+    ids = torch.tensor([[2, 3, 4, 5, 6, 7, 8, 9]])
+    result.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, result.model(ids).logits)
+
+
+def test_resume_after_a_stop_gives_the_same_losses(setup, tmp_path):
+    common = ("--steps", "6", "--grad-accum", "2", "--chunk-size", "24")
+    straight = train(args_for(setup, tmp_path / "a", *common))
+    AcceleratorState._reset_state(True)
+    first = train(
+        args_for(setup, tmp_path / "b", *common, "--save-every", "3", "--stop-after", "3")
+    )
+    assert first.model_dir is None and first.steps == 3
+    run = tmp_path / "b" / "run"
+    # what a kill leaves behind: a half-written checkpoint and log lines past the checkpoint
+    (run / "checkpoints" / "step-000005.tmp").mkdir()
+    with (run / "log.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 4, "loss": 99.0}) + "\n" + '{"step": 5, "lo')
+    AcceleratorState._reset_state(True)
+    resumed = train(args_for(setup, tmp_path / "b", *common, "--resume", "latest"))
+    assert sorted(resumed.losses) == [4, 5, 6]
+    both = {**first.losses, **resumed.losses}
+    for step in range(1, 7):
+        assert abs(both[step] - straight.losses[step]) <= 1e-6, (step, both, straight.losses)
+    for p, q in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in log] == [both[s] for s in range(1, 7)]
+
+
+def test_resume_refuses_a_different_batch(setup, tmp_path):
+    train(args_for(setup, tmp_path, "--steps", "2", "--save-every", "1", "--stop-after", "1"))
+    AcceleratorState._reset_state(True)
+    changed = args_for(setup, tmp_path, "--steps", "2", "--batch-size", "3", "--resume", "latest")
+    with pytest.raises(ValueError, match="global_batch"):
+        train(changed)
+
+
+def stream_of(docs: list[list[int]]) -> TokenStream:
+    lengths = torch.tensor([len(d) for d in docs])
+    tokens = torch.tensor([t for d in docs for t in d], dtype=torch.int32)
+    return TokenStream(tokens, torch.cumsum(lengths, 0) - lengths, "test")
+
+
+def test_packing_positions_labels_and_mask_never_cross_documents():
+    # documents (EOS = 1 ends each): 5, 3, 9 and 4 tokens → rows of 8 tokens
+    docs = [[2, 3, 4, 5, 1], [6, 7, 1], [8, 9, 10, 11, 12, 13, 14, 15, 1], [16, 17, 18, 1]]
+    rows = PackedRows(stream_of(docs), 8)
+    assert len(rows) == 2  # 21 tokens: the last 5 do not fill a row
+    index = torch.tensor([0, 1])
+    ids, pos = rows.input_ids(index), rows.position_ids(index)
+    assert ids.tolist() == [[2, 3, 4, 5, 1, 6, 7, 1], [8, 9, 10, 11, 12, 13, 14, 15]]
+    assert pos.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2], [0, 1, 2, 3, 4, 5, 6, 7]]
+    labels = labels_for(ids, pos)
+    assert labels[0].tolist() == [3, 4, 5, 1, -100, 7, 1, -100]  # no EOS → next document
+    mask = block_causal_mask(pos)[0, 0]
+    document = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
+    for i in range(8):
+        for j in range(8):
+            assert bool(mask[i, j]) == (j <= i and document[i] == document[j])
+    # a row starting mid-document restarts its positions (flash-attn varlen finds starts at 0)
+    shifted = PackedRows(stream_of([[2] * 11 + [1], [3, 1], [4, 1]]), 5)
+    assert shifted.position_ids(torch.tensor([1, 2])).tolist() == [[0, 1, 2, 3, 4], [0, 1, 0, 1, 0]]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_documents_see_nothing_of_their_neighbours(attn):
+    """Each document inside a packed row gives exactly the logits it gives alone."""
+    from tiny_models import tiny_model
+
+    model = tiny_model("llama", attn_implementation=attn)
+    docs = [[5, 6, 7, 8, 9, 1], [20, 21, 22, 1], [30, 31, 32, 33, 34, 35, 36, 1]]
+    rows = PackedRows(stream_of(docs), 18)
+    inputs, labels = micro_batch(rows, torch.tensor([0]), False, attn)
+    with torch.no_grad():
+        packed = model(**inputs).logits[0]
+        start = 0
+        for doc in docs:
+            alone = model(input_ids=torch.tensor([doc])).logits[0]
+            torch.testing.assert_close(packed[start : start + len(doc)], alone)
+            start += len(doc)
+    flat, flat_labels = micro_batch(rows, torch.tensor([0]), False, "flash_attention_2")
+    assert set(flat) == {"input_ids", "position_ids"} and flat["input_ids"].shape == (1, 18)
+    assert torch.equal(flat_labels, labels)
+
+
+def test_tokenize_caches_on_disk(tmp_path):
+    data = text_folder(tmp_path / "data", ["abc", "de"])
+    first = tokenize([str(data)], char_tokenizer(), tmp_path / "cache", show_progress=False)
+    assert first.tokens.tolist() == [2, 3, 4, 1, 5, 6, 1] and first.doc_starts.tolist() == [0, 4]
+    assert len(list((tmp_path / "cache").glob("tokens-*.pt"))) == 1
+    again = tokenize([str(data)], char_tokenizer(), tmp_path / "cache", show_progress=False)
+    assert again.key == first.key and torch.equal(again.tokens, first.tokens)
+
+
+def test_errors_before_the_first_step(setup, tmp_path):
+    with pytest.raises(ValueError, match="seq_len: 100 is not a multiple of 8"):
+        check_seq_len(100, cp_size=4)
+    spec = RopeScaling(method="yarn", factor=2, original_max_position_embeddings=256, rotary_dim=16)
+    with pytest.warns(UserWarning, match="exceeds original_max_position_embeddings"):
+        check_length(1024, spec)
+    small = args_for(setup, tmp_path, "--steps", "1", "--seq-len", "512", "--batch-size", "64")
+    with pytest.raises(ValueError, match="fewer than one global batch"):
+        train(small)
+    with pytest.raises(ValueError, match="factor: required"):
+        check_args(parse_args(["--model", "m", "--dataset", "d", "--output", "o",
+                               "--seq-len", "8", "--steps", "1"]))  # fmt: skip
+    model, data = setup
+    argv = ["finetune", "--model", str(model), "--dataset", str(data), "--output",
+            str(tmp_path / "x"), "--seq-len", "64", "--steps", "1", "--method", "bogus",
+            "--factor", "2", "--report-to", "none"]  # fmt: skip
+    assert cli_main(argv) == 2
+
+
+def test_checkpoint_latest_skips_unfinished(tmp_path):
+    for name in ("step-000002", "step-000010", "step-000011.tmp"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    assert checkpoint.resolve_resume("latest", tmp_path).name == "step-000010"
+    with pytest.raises(ValueError, match="resume"):
+        checkpoint.resolve_resume("latest", tmp_path / "nothing")

@@ -1,0 +1,18 @@
+"""``accelerate launch -m yarnlib.finetune …`` (or ``torchrun -m yarnlib.finetune …``)."""
+
+import sys
+
+from yarnlib.finetune.cli import parse_args, run
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as error:  # bad input, as `yarnlib finetune` reports it
+        print(f"yarnlib finetune: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

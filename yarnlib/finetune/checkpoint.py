@@ -1,0 +1,95 @@
+"""Checkpoints: accelerate's ``save_state`` (model, optimizer, scheduler, RNG of every process)
+plus a ``Cursor`` registered with it, which records how far the run got through the data.
+
+The data order is a pure function of (seed, epoch), so the cursor's step is the whole data
+position; it also records what the data and batch were, so a resume with different data or a
+different global batch is refused instead of silently training on a different order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+CHECKPOINTS = "checkpoints"
+_NAME = re.compile(r"^step-(\d+)$")
+
+
+class Cursor:
+    """The run's position: optimizer steps done, and the identity of the data it reads."""
+
+    def __init__(self, data_key: str, global_batch: int, seq_len: int):
+        self.step = 0
+        self.identity = {"data": data_key, "global_batch": global_batch, "seq_len": seq_len}
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, **self.identity}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = {k: state.get(k) for k in self.identity}
+        if saved != self.identity:
+            changed = {k: (saved[k], v) for k, v in self.identity.items() if saved[k] != v}
+            raise ValueError(
+                f"resume: the checkpoint was written for other data or batch shape "
+                f"(field: (checkpoint, now) = {changed}); allowed: the same --dataset, "
+                "--seq-len, --batch-size, --grad-accum and process count"
+            )
+        self.step = int(state["step"])
+
+
+def checkpoint_dir(output: Path, step: int) -> Path:
+    return Path(output) / CHECKPOINTS / f"step-{step:06d}"
+
+
+def completed(output: Path) -> list[Path]:
+    """Finished checkpoints, oldest first (a save cut short by a kill keeps its .tmp name)."""
+    folder = Path(output) / CHECKPOINTS
+    found = [p for p in folder.iterdir() if _NAME.match(p.name)] if folder.is_dir() else []
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def resolve_resume(resume: str, output: Path) -> Path:
+    """``latest`` → the newest finished checkpoint under ``output``; else a checkpoint folder."""
+    if resume == "latest":
+        found = completed(output)
+        if not found:
+            raise ValueError(f"resume: 'latest' but no checkpoint in {Path(output) / CHECKPOINTS}")
+        return found[-1]
+    path = Path(resume)
+    if not path.is_dir():
+        raise ValueError(
+            f"resume: {resume!r} is not a checkpoint folder; allowed: a folder or 'latest'"
+        )
+    return path
+
+
+def save(accelerator, output: Path, step: int, keep: int) -> Path:
+    """Every process writes its part into a .tmp folder, renamed once all are done."""
+    final = checkpoint_dir(output, step)
+    staging = final.with_name(final.name + ".tmp")
+    accelerator.save_state(str(staging))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        shutil.rmtree(final, ignore_errors=True)
+        staging.rename(final)
+        for old in completed(output)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def truncate_log(path: Path, step: int) -> None:
+    """Drop log records past ``step``: steps a killed run did after its last checkpoint."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by the kill
+            continue
+        if record.get("step", 0) <= step:
+            kept.append(line)
+    path.write_text("".join(line + "\n" for line in kept))

@@ -1,0 +1,125 @@
+"""``yarnlib finetune …`` and ``accelerate launch -m yarnlib.finetune …``: the arguments."""
+
+from __future__ import annotations
+
+import argparse
+
+from yarnlib.spec import METHODS, canonical_method
+
+DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", required=True, help="folder, hub id, or 'smollm2'")
+    g.add_argument("--method", default="yarn", help=f"RoPE scaling: {', '.join(METHODS)}")
+    g.add_argument("--factor", type=float, default=None, help="scale factor s (needed unless none)")
+    g.add_argument("--original-max-position-embeddings", type=int, default=None)
+    g.add_argument(
+        "--attn-implementation", default="auto", help="auto|sdpa|eager|flash_attention_2"
+    )
+    g.add_argument("--use-kernel", default="auto", type=_kernel, help="auto|true|false")
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", nargs="+", required=True, help="datasets id, .txt/.jsonl/.parquet")
+    g.add_argument("--text-column", default="text")
+    g.add_argument("--split", default="train")
+    g.add_argument("--dataset-config", default=None)
+    g.add_argument("--seq-len", type=int, required=True, help="tokens per packed row")
+    g.add_argument(
+        "--no-cross-document-attention",
+        dest="cross_document_attention",
+        action="store_false",
+        help="each packed document attends only to itself; positions restart per document",
+    )
+    g.add_argument("--cache-dir", default=None, help="tokenized data cache (default ~/.cache)")
+    g = p.add_argument_group("optimization (defaults: the YaRN paper)")
+    g.add_argument("--steps", type=int, required=True, help="optimizer steps of the schedule")
+    g.add_argument("--batch-size", type=int, default=1, help="rows per micro-batch per process")
+    g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--lr", type=float, default=2e-5)
+    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--beta1", type=float, default=0.9)
+    g.add_argument("--beta2", type=float, default=0.95)
+    g.add_argument("--warmup-steps", type=int, default=20)
+    g.add_argument("--schedule", default="linear", help="linear|constant (after the warm-up)")
+    g.add_argument("--max-grad-norm", type=float, default=1.0, help="0 disables clipping")
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("memory")
+    g.add_argument(
+        "--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false"
+    )
+    g.add_argument(
+        "--chunk-size", type=int, default=1024, help="loss chunk in tokens; 0 = full logits"
+    )
+    g.add_argument("--mixed-precision", default="auto", help="auto (bf16 on GPU)|no|bf16|fp16")
+    g = p.add_argument_group("LoRA (peft)")
+    g.add_argument("--lora", action="store_true")
+    g.add_argument("--lora-rank", type=int, default=16)
+    g.add_argument("--lora-alpha", type=float, default=32.0)
+    g.add_argument("--lora-dropout", type=float, default=0.0)
+    g.add_argument("--lora-targets", default=DEFAULT_LORA_TARGETS)
+    g = p.add_argument_group("output")
+    g.add_argument("--output", required=True, help="folder: log.jsonl, checkpoints/, model/")
+    g.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: never)")
+    g.add_argument("--keep-checkpoints", type=int, default=2, help="newest kept; 0 keeps all")
+    g.add_argument("--resume", default=None, help="'latest' or a checkpoint folder")
+    g.add_argument("--stop-after", type=int, default=None, help="stop (and checkpoint) at step N")
+    g.add_argument("--log-every", type=int, default=1)
+    g.add_argument("--report-to", default="auto", help="auto|none|tensorboard,wandb,swanlab")
+
+
+def _kernel(text: str):
+    values = {"auto": "auto", "true": True, "false": False}
+    if text.lower() not in values:
+        raise argparse.ArgumentTypeError(f"use_kernel: {text!r}; allowed: auto, true, false")
+    return values[text.lower()]
+
+
+def check_args(args) -> None:
+    if args.factor is None and canonical_method(args.method) != "none":
+        raise ValueError(f"factor: required for method {args.method!r} (e.g. --factor 4)")
+    positive = ("steps", "batch_size", "grad_accum", "log_every", "chunk_size", "lora_rank")
+    for name in positive:
+        minimum = 0 if name == "chunk_size" else 1
+        if getattr(args, name) < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {getattr(args, name)!r}")
+    for name in ("save_every", "keep_checkpoints", "warmup_steps"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {getattr(args, name)!r}")
+    if args.stop_after is not None and not 1 <= args.stop_after <= args.steps:
+        raise ValueError(f"stop_after must be in [1, steps={args.steps}], got {args.stop_after!r}")
+    if args.lr <= 0 or args.weight_decay < 0 or not (0 <= args.beta1 < 1 and 0 <= args.beta2 < 1):
+        raise ValueError(
+            f"optimizer: lr > 0, weight_decay >= 0, betas in [0, 1) required; got lr={args.lr}, "
+            f"weight_decay={args.weight_decay}, betas=({args.beta1}, {args.beta2})"
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="yarnlib finetune", description=DESCRIPTION)
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def run(args) -> int:
+    from yarnlib.finetune.loop import train
+
+    check_args(args)
+    result = train(args)
+    if result.model_dir is not None:
+        print(f"saved {result.model_dir}")
+    else:
+        print(f"stopped at step {result.steps} of {args.steps}; continue with --resume latest")
+    return 0
+
+
+DESCRIPTION = (
+    "Fine-tune a RoPE model at a longer context with a scaled rotary embedding (accelerate: "
+    "one GPU, DDP, FSDP2, DeepSpeed, context parallel)."
+)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("finetune", help=DESCRIPTION, description=DESCRIPTION)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
