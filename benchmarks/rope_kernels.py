@@ -165,7 +165,7 @@ def print_table(rows: list[dict], device: torch.device) -> None:
     for r in rows:
         line = (
             f"| {r['seq'] // 1024}k | {r['method']} | {r['forward_ms']:.2f} | "
-            f"{r['forward_gbps']:.1f} | {r['fwd_bwd_ms']:.2f} | {r['fwd_bwd_gbps']:.1f} |"
+            f"{r['forward_gbps']:.3g} | {r['fwd_bwd_ms']:.2f} | {r['fwd_bwd_gbps']:.3g} |"
         )
         if "forward_of_copy" in r:
             line += f" {100 * r['forward_of_copy']:.0f} % |"

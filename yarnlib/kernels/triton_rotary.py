@@ -108,7 +108,8 @@ def _rotary_kernel(
     HAS_POS: tl.constexpr,
     TABLE_FREE: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
     BLOCK_P: tl.constexpr,
 ):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -135,11 +136,11 @@ def _rotary_kernel(
     sin = (sin * sign)[:, None, :]
     _rotate_heads(
         q_ptr, qo_ptr, n_q_heads, q_sb, q_ss, q_sh, q_sd, qo_sb, qo_ss, qo_sh, qo_sd,
-        b, s, t_mask, cos, sin, HALF, INTERLEAVED, BLOCK_H, BLOCK_P,
+        b, s, t_mask, cos, sin, HALF, INTERLEAVED, BLOCK_HQ, BLOCK_P,
     )  # fmt: skip
     _rotate_heads(
         k_ptr, ko_ptr, n_k_heads, k_sb, k_ss, k_sh, k_sd, ko_sb, ko_ss, ko_sh, ko_sd,
-        b, s, t_mask, cos, sin, HALF, INTERLEAVED, BLOCK_H, BLOCK_P,
+        b, s, t_mask, cos, sin, HALF, INTERLEAVED, BLOCK_HK, BLOCK_P,
     )  # fmt: skip
 
 
@@ -166,8 +167,10 @@ def rotate(pairs, angles: Angles, rotary_dim: int, interleaved: bool, sign: floa
     table_free = angles.inv_freq is not None
     block_p = triton.next_power_of_2(half)
     tile = TILE_INTERPRETER if interprets() else TILE_GPU
-    block_h = min(triton.next_power_of_2(max(q.shape[2], k.shape[2])), max(1, tile // block_p))
-    block_t = min(triton.next_power_of_2(n_tokens), max(1, tile // (block_h * block_p)))
+    max_heads = max(1, tile // block_p)
+    block_hq = min(triton.next_power_of_2(q.shape[2]), max_heads)
+    block_hk = min(triton.next_power_of_2(max(n_k_heads, 1)), max_heads)
+    block_t = min(triton.next_power_of_2(n_tokens), max(1, tile // (block_hq * block_p)))
     pos = angles.pos
     table = angles.inv_freq if table_free else angles.cos
     c_strides = [0, 0, 0] if table_free else _strides(angles.cos, batch)
@@ -180,5 +183,5 @@ def rotate(pairs, angles: Angles, rotary_dim: int, interleaved: bool, sign: floa
         *c_strides, *p_strides,
         float(angles.attention_factor), float(sign),
         HALF=half, INTERLEAVED=interleaved, HAS_POS=pos is not None, TABLE_FREE=table_free,
-        BLOCK_T=block_t, BLOCK_H=block_h, BLOCK_P=block_p,
+        BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_P=block_p,
     )  # fmt: skip
