@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from accelerate.state import AcceleratorState
-from finetune_support import char_tokenizer, cyclic_texts, model_dir, text_folder
+from test_finetune_support import char_tokenizer, cyclic_texts, model_dir, text_folder
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from yarnlib import RopeScaling

@@ -131,6 +131,8 @@ def make_accelerator(args) -> Accelerator:
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
     trackers = choose_trackers(args.report_to)
     return Accelerator(
+        # without this, torchrun on a machine without accelerators gives N unrelated runs
+        cpu=not torch.accelerator.is_available(),
         gradient_accumulation_steps=args.grad_accum,
         mixed_precision=precision,
         log_with=trackers or None,

@@ -1,0 +1,69 @@
+"""Two processes on one machine (torchrun, gloo on CPU) train through accelerate's DDP and end
+with identical weights, different from the initial ones."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from test_finetune_support import cyclic_texts, model_dir, text_folder
+from transformers import AutoModelForCausalLM
+
+REPO = Path(__file__).resolve().parents[1]
+# each rank writes its weights (the process group is gone after accelerate's end_training)
+SCRIPT = """
+import os, sys
+import torch
+from accelerate.state import PartialState
+from yarnlib.finetune.cli import parse_args
+from yarnlib.finetune.loop import train
+
+args = parse_args(sys.argv[2:])
+result = train(args)
+flat = torch.cat([p.detach().flatten() for p in result.model.parameters()])
+torch.save({"weights": flat, "losses": result.losses, "world": int(os.environ["WORLD_SIZE"]),
+            "backend": PartialState().backend},
+           os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.pt"))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_agree_on_the_weights(tmp_path):
+    model = model_dir(tmp_path / "model")
+    data = text_folder(tmp_path / "data", cyclic_texts(40))
+    script = tmp_path / "two_ranks.py"
+    script.write_text(SCRIPT)
+    report = tmp_path
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), str(report),
+        "--model", str(model), "--dataset", str(data), "--output", str(tmp_path / "run"),
+        "--cache-dir", str(tmp_path / "cache"), "--seq-len", "32", "--batch-size", "2",
+        "--steps", "2", "--method", "yarn", "--factor", "2", "--lr", "1e-3",
+        "--warmup-steps", "0", "--report-to", "none", "--no-cross-document-attention",
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+        "HF_HUB_OFFLINE": "1",
+    }
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert [(r["world"], r["backend"]) for r in ranks] == [(2, "gloo"), (2, "gloo")]
+    assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])
+    assert ranks[0]["losses"] == ranks[1]["losses"] and len(ranks[0]["losses"]) == 2
+    initial = AutoModelForCausalLM.from_pretrained(model)
+    start = torch.cat([p.detach().flatten() for p in initial.parameters()])
+    assert (ranks[0]["weights"] - start).abs().max() > 1e-4
+    assert (tmp_path / "run" / "model" / "config.json").is_file()
