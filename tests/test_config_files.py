@@ -501,3 +501,15 @@ def test_file_without_rope_keys_gets_v4_with_explicit_theta(folder):
     written = json.loads((path / "config.json").read_text())
     assert written["rope_theta"] == 10000.0 and written["rope_scaling"]["rope_type"] == "yarn"
     assert_runs(path, RopeScaling("yarn", 4, L, 10000.0, HEAD_DIM))
+
+
+def test_damaged_record_exits_2(folder, capsys):
+    path = folder("qwen3", "v5")
+    assert config(path, "--factor", "4", "--in-place") == 0
+    data = json.loads((path / "config.json").read_text())
+    data["yarnlib_native"]["config.json"] = "oops"
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    before = snapshot(path)
+    assert config(path, "--reset", "--in-place") == 2
+    assert "is damaged" in capsys.readouterr().err
+    assert snapshot(path) == before

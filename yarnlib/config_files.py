@@ -156,8 +156,12 @@ class _Doc:
         self.text = self.text[:pos] + chunk + self.text[pos:]
 
     def record(self) -> dict[str, Any]:
-        record = {"values": self.values, "texts": self.texts, "added": self.added}
-        record["removed"] = self.removed
+        record = {
+            "values": self.values,
+            "texts": self.texts,
+            "added": self.added,
+            "removed": self.removed,
+        }
         return {k: v for k, v in record.items() if v}
 
 
@@ -225,7 +229,13 @@ def native_files(texts: dict[str, str]) -> dict[str, str]:
     config = json.loads(texts[CONFIG])
     record = config.get(RECORD)
     if isinstance(record, dict):
-        native = {name: _undo(text, record.get(name, {})) for name, text in texts.items()}
+        try:
+            native = {name: _undo(text, record.get(name, {})) for name, text in texts.items()}
+        except (AttributeError, KeyError, TypeError, ValueError):
+            raise ValueError(
+                f"{CONFIG}: the record {RECORD!r} is damaged; delete the keys {RECORD!r} and "
+                f"{MARKER!r} to take the file as it is now"
+            ) from None
         doc = _Doc(native[CONFIG])
         doc.remove(RECORD)
         native[CONFIG] = doc.text
