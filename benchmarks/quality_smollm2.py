@@ -26,11 +26,12 @@ PARTS = ("perplexity", "passkey", "memory")
 
 
 def perplexity_methods(factors: list[str]) -> str:
-    methods = ["none"]
-    methods += [f"{m}:{f}" for m in STATIC for f in factors]
-    methods += [f"dynamic_ntk:{f}" for f in factors]
+    """Most telling first (an interrupted run still compares none, YaRN and Dynamic-YaRN)."""
     # dynamic_yarn's scale is max(1, length / original): the factor does not enter, run it once.
-    methods.append(f"dynamic_yarn:{factors[0]}")
+    methods = ["none", f"yarn:{factors[0]}", f"dynamic_yarn:{factors[0]}"]
+    for f in factors:
+        methods += [f"{m}:{f}" for m in STATIC if f"{m}:{f}" not in methods]
+        methods.append(f"dynamic_ntk:{f}")
     return ",".join(methods)
 
 

@@ -17,6 +17,12 @@ from yarnlib.spec import METHODS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TASKS_DIR = Path(__file__).parent / "tasks"
+PASSKEY_YAML = TASKS_DIR / "yarnlib_passkey" / "yarnlib_passkey.yaml"
+# lm_eval options `yarnlib eval lm-eval` takes itself; any other goes after `--`
+LM_EVAL_OPTIONS = (
+    "model_args", "output_path", "limit", "batch_size", "device", "metadata",
+    "num_fewshot",
+)  # fmt: skip
 
 
 def int_list(field: str, text: str, minimum: int = 1) -> list[int]:
@@ -135,16 +141,20 @@ def run_lm_eval_cli(args) -> int:
 
     import yarnlib.eval.lm_eval_model  # noqa: F401  (registers --model yarnlib)
 
-    forwarded = list(args.lm_eval_args)
-    if forwarded[:1] == ["--"]:
-        forwarded = forwarded[1:]
-    if "--model" not in forwarded:
-        forwarded = ["--model", "yarnlib", *forwarded]
-    if "--include_path" not in forwarded:
-        forwarded += ["--include_path", str(TASKS_DIR)]
-    if "--device" not in forwarded and not torch.cuda.is_available():
-        forwarded += ["--device", "cpu"]
-    sys.argv = ["lm_eval", *forwarded]
+    # lm_eval takes one --include_path, so the packaged task goes in as a file path; loading
+    # it imports its utils, which is also what makes `lm_eval --model yarnlib` itself work.
+    tasks = [str(PASSKEY_YAML) if t == PASSKEY_YAML.stem else t for t in args.tasks.split(",")]
+    forwarded = ["--model", "yarnlib", "--tasks", ",".join(tasks)]
+    if args.include_path:
+        forwarded += ["--include_path", args.include_path]
+    for option in LM_EVAL_OPTIONS:
+        value = getattr(args, option)
+        if option == "device" and value is None:
+            value = "cuda" if torch.cuda.is_available() else "cpu"
+        if value is not None:
+            forwarded += [f"--{option}", str(value)]
+    rest = list(args.lm_eval_args)
+    sys.argv = ["lm_eval", *forwarded, *(rest[1:] if rest[:1] == ["--"] else rest)]
     cli_evaluate()
     return 0
 
@@ -196,8 +206,14 @@ def register(subparsers) -> None:
     p = evals.add_parser(
         "lm-eval",
         help="lm-eval with --model yarnlib registered and the yarnlib_passkey task",
-        description="Everything after `lm-eval` goes to lm_eval, e.g. yarnlib eval lm-eval "
-        "--model_args pretrained=smollm2,method=yarn,factor=2 --tasks yarnlib_passkey",
+        description="lm_eval --model yarnlib, e.g. yarnlib eval lm-eval --model_args "
+        "pretrained=smollm2,method=yarn,factor=2 --tasks yarnlib_passkey --metadata "
+        "'{\"max_seq_lengths\": [12288]}'. Other lm_eval options go after `--`.",
     )
-    p.add_argument("lm_eval_args", nargs=argparse.REMAINDER)
+    p.add_argument("--model_args", help="pretrained=PATH|smollm2,method=M,factor=F,...")
+    p.add_argument("--tasks", required=True, help="lm-eval task names; yarnlib_passkey included")
+    p.add_argument("--include_path", help="a folder of your own task YAMLs")
+    for option in LM_EVAL_OPTIONS[1:]:
+        p.add_argument(f"--{option}")
+    p.add_argument("lm_eval_args", nargs=argparse.REMAINDER, help="-- then other lm_eval options")
     p.set_defaults(func=run_lm_eval_cli)

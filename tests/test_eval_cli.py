@@ -1,0 +1,127 @@
+"""The ``yarnlib eval`` commands end to end on a tiny model: outputs, resume, bad input."""
+
+import json
+
+import pytest
+from test_eval_support import text_dataset, tiny_folder
+
+import yarnlib.eval.cli as eval_cli
+from yarnlib.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_folder(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return text_dataset(tmp_path_factory.mktemp("data"), {"a": 600, "b": 500, "c": 60})
+
+
+def ppl(model_dir, data_dir, out, *extra):
+    return main(
+        ["eval", "perplexity", "--model", str(model_dir), "--dataset", str(data_dir),
+         "--methods", "none,yarn:2,dynamic_yarn:2", "--lengths", "128,384",
+         "--samples", "2", "--output", str(out), *extra]
+    )  # fmt: skip
+
+
+def cells(out):
+    return [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+
+
+def test_perplexity_outputs_and_resume(model_dir, data_dir, tmp_path, capsys):
+    out = tmp_path / "ppl"
+    assert ppl(model_dir, data_dir, out, "--max-cells", "2") == 0  # "killed" after 2 cells
+    first = cells(out)
+    # none's two lengths share a forward, so the run stops after that group
+    assert [(c["method"], c["length"]) for c in first] == [("none", 128), ("none", 384)]
+    assert "rerun with --resume" in capsys.readouterr().out
+    assert ppl(model_dir, data_dir, out, "--resume") == 0
+    assert "computed 4 cells" in capsys.readouterr().out  # only the missing ones
+    final = cells(out)
+    assert final[:2] == first and len(final) == 6
+    result = json.loads((out / "perplexity.json").read_text())
+    assert len(result["cells"]) == 6
+    for cell in result["cells"]:
+        assert cell["tokens_per_s"] > 0 and cell["peak_memory_mb"] > 0
+        # the 60-word document is shorter than 384 tokens: skipped and counted
+        assert cell["samples"] == 2
+    assert {c["skipped_short_documents"] for c in result["cells"] if c["length"] == 384} == {1}
+    assert (out / "perplexity.csv").read_text().count("\n") == 7
+    assert (out / "perplexity.png").stat().st_size > 0
+    # a resumed run with everything done computes nothing; without --resume it starts over
+    assert ppl(model_dir, data_dir, out, "--resume") == 0
+    assert "computed 0 cells" in capsys.readouterr().out
+
+
+def test_passkey_outputs_and_resume(model_dir, tmp_path, capsys):
+    out = tmp_path / "pk"
+    args = ["eval", "passkey", "--model", str(model_dir), "--methods", "none,yarn:2",
+            "--lengths", "200,300", "--depths", "0.2,0.8", "--trials", "2",
+            "--max-new-tokens", "3", "--output", str(out)]  # fmt: skip
+    assert main([*args, "--max-cells", "3"]) == 0
+    assert len(cells(out)) == 3
+    assert main([*args, "--resume"]) == 0
+    assert "computed 5 cells" in capsys.readouterr().out
+    result = json.loads((out / "passkey.json").read_text())
+    assert len(result["cells"]) == 8
+    cell = result["cells"][0]
+    assert cell["trials"] == 2 and 0 <= cell["accuracy"] <= 1 and len(cell["answers"]) == 2
+    assert (out / "passkey.png").stat().st_size > 0
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Bad input must fail before any weights load."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights loaded before the input was validated")
+
+    monkeypatch.setattr(eval_cli, "load_model", refuse)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (["--lengths", "128,100000"], "lengths: 100000 tokens is longer than every document"),
+        (["--methods", "none,yarn:0.5"], "factor must be >= 1"),
+        (["--methods", "none,rope9"], "method: unknown RoPE scaling method 'rope9'"),
+        (["--methods", "yarn:x"], "methods: factor 'x'"),
+        (["--samples", "0"], "samples must be a positive integer"),
+        (["--dtype", "int8"], "dtype: 'int8'; allowed: float32"),
+    ],
+)
+def test_bad_perplexity_input(model_dir, data_dir, tmp_path, no_weights, capsys, change, message):
+    args = ["eval", "perplexity", "--model", str(model_dir), "--dataset", str(data_dir),
+            "--output", str(tmp_path), "--lengths", "128", *change]  # fmt: skip
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_dataset_column(model_dir, tmp_path, no_weights, capsys):
+    data = tmp_path / "docs.jsonl"
+    data.write_text(json.dumps({"content": "the king"}) + "\n")
+    args = ["eval", "perplexity", "--model", str(model_dir), "--dataset", str(data),
+            "--text-column", "body", "--output", str(tmp_path)]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "text_column: 'body' not in" in err and "['content']" in err
+
+
+def test_model_without_rope_is_refused(tmp_path, no_weights, capsys):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path / "gpt2")
+    args = ["eval", "passkey", "--model", str(tmp_path / "gpt2"), "--methods", "yarn:2",
+            "--output", str(tmp_path)]  # fmt: skip
+    assert main(args) == 2
+    assert "model_type 'gpt2' cannot be patched; supported: llama" in capsys.readouterr().err
+
+
+def test_passkey_length_shorter_than_the_prompt(model_dir, tmp_path, no_weights, capsys):
+    args = ["eval", "passkey", "--model", str(model_dir), "--lengths", "20",
+            "--output", str(tmp_path)]  # fmt: skip
+    assert main(args) == 2
+    assert "lengths: 20 is shorter than the prompt's" in capsys.readouterr().err
