@@ -248,12 +248,14 @@ def styled(path: Path, style: str) -> None:
         text = json.dumps(config, indent="\t")
     elif style == "compact":
         text = json.dumps(config)
+    elif style == "crlf":
+        text = json.dumps(config, indent=2).replace("\n", "\r\n") + "\r\n"
     else:  # hand-written values: 1e6-like floats and a one-line rope block
         text = json.dumps(config, indent=4).replace('"rope_theta": 50000.0', '"rope_theta": 5e4')
     (path / "config.json").write_text(text)
 
 
-@pytest.mark.parametrize("style", ("tabs", "compact", "hand"))
+@pytest.mark.parametrize("style", ("tabs", "compact", "crlf", "hand"))
 @pytest.mark.parametrize("form", ("v5", "v4"))
 def test_style_is_kept_and_reset_is_byte_exact(folder, style, form):
     path = folder("llama", form)
@@ -262,7 +264,7 @@ def test_style_is_kept_and_reset_is_byte_exact(folder, style, form):
     before = json.loads((path / "config.json").read_text())
     for flags in (["--factor", "4"], ["--method", "ntk", "--factor", "2", "--format", "v5"]):
         assert config(path, *flags, "--in-place") == 0
-        text = (path / "config.json").read_text()
+        text = (path / "config.json").read_bytes().decode()
         after = json.loads(text)
         assert [k for k in after if k in before] == [k for k in before if k in after]
         touched = {"rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings"}
@@ -273,6 +275,8 @@ def test_style_is_kept_and_reset_is_byte_exact(folder, style, form):
             assert '\n\t"max_position_embeddings"' in text and "\n  " not in text
         if style == "compact":
             assert "\n" not in text
+        if style == "crlf":
+            assert text.count("\n") == text.count("\r\n")
     assert config(path, "--reset", "--in-place") == 0
     assert {k: v for k, v in snapshot(path).items() if not k.endswith(".bak")} == original
     # the first change left a .bak of each file it changed

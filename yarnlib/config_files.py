@@ -92,19 +92,13 @@ def _members(text: str) -> dict[str, tuple[int, int, int]]:
     return out
 
 
-def _dump(value: Any, indent: str | None) -> str:
-    if indent is None:
-        return json.dumps(value, ensure_ascii=False)
-    return json.dumps(value, indent=indent, ensure_ascii=False).replace("\n", "\n" + indent)
-
-
 class _Doc:
     """A JSON object's text, edited member by member, recording how to undo each edit."""
 
     def __init__(self, text: str):
         self.text = text
-        match = re.match(r"\s*\{\r?\n([ \t]*)\S", text)
-        self.indent = match.group(1) if match else None
+        match = re.match(r"\s*\{(\r?\n)([ \t]*)\S", text)
+        self.newline, self.indent = match.groups() if match else ("\n", None)
         self.values: dict[str, Any] = {}  # original values of replaced members
         self.texts: dict[str, str] = {}  # their exact text, where re-serialising differs
         self.added: list[str] = []
@@ -114,8 +108,8 @@ class _Doc:
         members = _members(self.text)
         if key not in members:
             end = max(m[2] for m in members.values())
-            sep = ", " if self.indent is None else ",\n" + self.indent
-            entry = f"{sep}{json.dumps(key)}: {_dump(value, self.indent)}"
+            sep = ", " if self.indent is None else "," + self.newline + self.indent
+            entry = f"{sep}{json.dumps(key)}: {self.dump(value)}"
             self.text = self.text[:end] + entry + self.text[end:]
             self.added.append(key)
             return
@@ -125,9 +119,16 @@ class _Doc:
         if old == value:
             return
         self.values[key] = old
-        if _dump(old, self.indent) != old_text:
+        if self.dump(old) != old_text:
             self.texts[key] = old_text
-        self.replace(key, _dump(value, self.indent))
+        self.replace(key, self.dump(value))
+
+    def dump(self, value: Any) -> str:
+        """``value`` as a top-level member in this file's style."""
+        if self.indent is None:
+            return json.dumps(value, ensure_ascii=False)
+        text = json.dumps(value, indent=self.indent, ensure_ascii=False)
+        return text.replace("\n", self.newline + self.indent)
 
     def replace(self, key: str, value_text: str) -> None:
         _, start, end = _members(self.text)[key]
@@ -173,7 +174,7 @@ def _undo(text: str, record: dict[str, Any]) -> str:
             doc.remove(key)
     for key, value in record.get("values", {}).items():
         if key in present:
-            doc.replace(key, record.get("texts", {}).get(key) or _dump(value, doc.indent))
+            doc.replace(key, record.get("texts", {}).get(key) or doc.dump(value))
     for item in reversed(record.get("removed", [])):
         doc.insert(item["text"], item["after"])
     return doc.text
