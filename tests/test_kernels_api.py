@@ -104,7 +104,7 @@ def test_packed_sequences_restart_at_zero(backend):
     pos = torch.cat([torch.arange(n) for n in lengths])
     by_cu = apply_scaled_rotary(q, k, None, spec, layout="thd", cu_seqlens=cu_seqlens,
                                 backend=backend)  # fmt: skip
-    by_pos = apply_scaled_rotary(q, k, pos, spec, layout="thd", backend=backend)
+    by_pos = apply_scaled_rotary(q, k, pos[None], spec, layout="thd", backend=backend)
     cos, sin = rotary_cos_sin(spec, torch.arange(8))
     by_table = apply_rotary(q, k, cos, sin, layout="thd", cu_seqlens=cu_seqlens, backend=backend)
     for got in (by_pos, by_table):

@@ -7,14 +7,11 @@ from typing import NamedTuple
 
 import torch
 
-from yarnlib.kernels import reference
+from yarnlib.kernels import checks, reference
 from yarnlib.kernels.reference import Angles
-from yarnlib.kernels.tables import INDEX_DTYPES
 from yarnlib.spec import RopeScaling
 
-LAYOUTS = ("bhsd", "bshd", "thd")
 BACKENDS = ("auto", "torch", "triton")
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class _Config(NamedTuple):
@@ -52,8 +49,9 @@ def apply_rotary(
     columns (one per frequency, flash-attn's layout); only the first ``rotary_dim // 2`` are
     read. Which row a token reads:
 
-    - ``position_ids`` given (``[seq]`` or ``[batch, seq]``; ``[tokens]`` for ``thd``),
-      int32 or int64: ``cos`` is a 2-D table ``[max_position, ...]`` indexed by position;
+    - ``position_ids`` given (``[seq]`` or ``[batch, seq]``; ``[tokens]`` or ``[1, tokens]``
+      for ``thd``), int32 or int64: ``cos`` is a 2-D table ``[max_position, ...]`` indexed
+      by position;
     - ``cu_seqlens`` given (``thd`` only, ``[n_seqs + 1]`` offsets): the same, with positions
       restarting at 0 in every packed sequence;
     - neither: ``cos`` is per token, ``[seq, ...]`` or ``[batch, seq, ...]`` (``[tokens, ...]``
@@ -67,7 +65,7 @@ def apply_rotary(
     ``backend``: ``"triton"``, ``"torch"`` or ``"auto"`` (Triton for CUDA tensors when it
     is importable, else torch).
     """
-    batch, seq, head_dim = _check_qk(q, k, layout)
+    batch, seq, head_dim = checks.check_qk(q, k, layout)
     if not isinstance(cos, torch.Tensor) or not isinstance(sin, torch.Tensor):
         raise ValueError("cos and sin must be tensors")
     if cos.shape != sin.shape:
@@ -81,13 +79,13 @@ def apply_rotary(
         raise ValueError("cos must have a last dimension of rotary_dim or rotary_dim // 2")
     if rotary_dim is None:
         rotary_dim = cos.shape[-1]
-    _check_rotary_dim(rotary_dim, head_dim)
+    checks.check_rotary_dim(rotary_dim, head_dim)
     if cos.shape[-1] not in (rotary_dim, rotary_dim // 2):
         raise ValueError(
             f"cos: last dimension must be rotary_dim={rotary_dim} or rotary_dim // 2, "
             f"got shape {tuple(cos.shape)}"
         )
-    pos = _positions(position_ids, cu_seqlens, layout, batch, seq, q.device)
+    pos = checks.positions(position_ids, cu_seqlens, layout, batch, seq, q.device)
     half = rotary_dim // 2
     if pos is not None:
         if cos.dim() != 2:
@@ -98,8 +96,8 @@ def apply_rotary(
         tables = cos[None, :, :half], sin[None, :, :half]
     else:
         tables = (
-            _per_token(cos, layout, batch, seq)[..., :half],
-            _per_token(sin, layout, batch, seq)[..., :half],
+            checks.per_token(cos, layout, batch, seq)[..., :half],
+            checks.per_token(sin, layout, batch, seq)[..., :half],
         )
     cfg = _config(q, layout, rotary_dim, interleaved, inplace, backend, 1.0)
     return _apply(q, k, *tables, pos, None, cfg)
@@ -130,9 +128,9 @@ def apply_scaled_rotary(
     """
     if not isinstance(spec, RopeScaling):
         raise ValueError(f"spec must be a yarnlib.RopeScaling, got {type(spec).__name__}")
-    batch, seq, head_dim = _check_qk(q, k, layout)
-    _check_rotary_dim(spec.rotary_dim, head_dim)
-    pos = _positions(position_ids, cu_seqlens, layout, batch, seq, q.device)
+    batch, seq, head_dim = checks.check_qk(q, k, layout)
+    checks.check_rotary_dim(spec.rotary_dim, head_dim)
+    pos = checks.positions(position_ids, cu_seqlens, layout, batch, seq, q.device)
     if pos is None and layout == "thd":
         raise ValueError("layout='thd' needs position_ids or cu_seqlens")
     inv_freq, factor = _frequencies(spec, seq_len, q.device)
@@ -176,7 +174,8 @@ def _apply(q, k, cos, sin, pos, inv_freq, cfg):
 def _run(xs, angles: Angles, cfg: _Config, sign: float, inplace: bool) -> tuple:
     outs = xs if inplace else tuple(torch.empty_like(x) for x in xs)
     pairs = [
-        (_as_bshd(x, cfg.layout), _as_bshd(o, cfg.layout)) for x, o in zip(xs, outs, strict=True)
+        (checks.as_bshd(x, cfg.layout), checks.as_bshd(o, cfg.layout))
+        for x, o in zip(xs, outs, strict=True)
     ]
     rotate = _triton_rotate() if cfg.backend == "triton" else reference.rotate
     rotate(pairs, angles, cfg.rotary_dim, cfg.interleaved, sign)
@@ -184,101 +183,6 @@ def _run(xs, angles: Angles, cfg: _Config, sign: float, inplace: bool) -> tuple:
         for x, out in pairs:
             out[..., cfg.rotary_dim :].copy_(x[..., cfg.rotary_dim :])
     return outs
-
-
-def _as_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """A [batch, seq, heads, head_dim] view."""
-    if layout == "bhsd":
-        return x.transpose(1, 2)
-    return x.unsqueeze(0) if layout == "thd" else x
-
-
-def _check_choice(field: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{field} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
-
-
-def _check_qk(q, k, layout: str) -> tuple[int, int, int]:
-    """``(batch, seq, head_dim)`` of q and k after checking that they fit together."""
-    _check_choice("layout", layout, LAYOUTS)
-    ndim = 3 if layout == "thd" else 4
-    for name, x in (("q", q), ("k", k)):
-        if not isinstance(x, torch.Tensor) or x.dim() != ndim:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name} must be a {ndim}-D tensor for layout={layout!r}, got {shape}")
-        if x.dtype not in DTYPES + (torch.float64,):
-            raise ValueError(
-                f"{name}.dtype must be float32, float16 or bfloat16 (float64 on the torch "
-                f"backend), got {x.dtype}"
-            )
-    qv, kv = _as_bshd(q, layout), _as_bshd(k, layout)
-    if (qv.shape[:2], qv.shape[3]) != (kv.shape[:2], kv.shape[3]):
-        raise ValueError(
-            f"q and k must agree in batch, sequence and head_dim for layout={layout!r}, got "
-            f"q {tuple(q.shape)} and k {tuple(k.shape)}"
-        )
-    if q.dtype != k.dtype or q.device != k.device:
-        raise ValueError(f"q and k must share dtype and device, got {q.dtype}/{k.dtype}")
-    return qv.shape[0], qv.shape[1], qv.shape[3]
-
-
-def _check_rotary_dim(rotary_dim, head_dim: int) -> None:
-    ok = isinstance(rotary_dim, int) and not isinstance(rotary_dim, bool)
-    if not ok or rotary_dim % 2 or not 2 <= rotary_dim <= head_dim:
-        raise ValueError(
-            f"rotary_dim must be an even integer in [2, head_dim={head_dim}], got {rotary_dim!r}"
-        )
-
-
-def _check_index(field: str, x, ndims) -> None:
-    if not isinstance(x, torch.Tensor) or x.dtype not in INDEX_DTYPES or x.dim() not in ndims:
-        got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else repr(x)
-        dims = " or ".join(f"{n}-D" for n in ndims)
-        raise ValueError(f"{field} must be a {dims} int32 or int64 tensor, got {got}")
-
-
-def _positions(position_ids, cu_seqlens, layout, batch, seq, device):
-    """``position_ids`` as ``[1 or batch, seq]``, or derived from ``cu_seqlens``, or None."""
-    if cu_seqlens is not None:
-        if layout != "thd":
-            raise ValueError(f"cu_seqlens is for layout='thd' only, got layout={layout!r}")
-        if position_ids is not None:
-            raise ValueError("give position_ids or cu_seqlens, not both")
-        _check_index("cu_seqlens", cu_seqlens, (1,))
-        if cu_seqlens.device != device:
-            raise ValueError(f"cu_seqlens must be on {device}, got {cu_seqlens.device}")
-        if cu_seqlens.device.type == "cpu":  # checking values on a GPU would synchronize
-            offsets = cu_seqlens.tolist()
-            if not offsets or offsets[0] != 0 or offsets[-1] != seq or offsets != sorted(offsets):
-                raise ValueError(
-                    f"cu_seqlens must rise from 0 to the token count {seq}, got {offsets}"
-                )
-        starts, lengths = cu_seqlens[:-1], cu_seqlens.diff()
-        token = torch.arange(seq, device=device, dtype=cu_seqlens.dtype)
-        return (token - starts.repeat_interleave(lengths, output_size=seq))[None]
-    if position_ids is None:
-        return None
-    _check_index("position_ids", position_ids, (1,) if layout == "thd" else (1, 2))
-    if position_ids.device != device:
-        raise ValueError(f"position_ids must be on {device}, got {position_ids.device}")
-    pos = position_ids if position_ids.dim() == 2 else position_ids[None]
-    if pos.shape[1] != seq or pos.shape[0] not in (1, batch):
-        want = f"[{seq}]" if layout == "thd" else f"[{seq}] or [{batch} or 1, {seq}]"
-        raise ValueError(f"position_ids must have shape {want}, got {tuple(position_ids.shape)}")
-    return pos
-
-
-def _per_token(table: torch.Tensor, layout: str, batch: int, seq: int) -> torch.Tensor:
-    """A per-token cos/sin as ``[1 or batch, seq, width]``."""
-    t = table if table.dim() == 3 and layout != "thd" else table[None]
-    if t.dim() != 3 or t.shape[1] != seq or t.shape[0] not in (1, batch):
-        want = (
-            f"[{seq}, width]" if layout == "thd" else f"[{seq}, width] or [{batch}, {seq}, width]"
-        )
-        raise ValueError(
-            f"cos without position_ids must be per token, shape {want}; got {tuple(table.shape)}"
-        )
-    return t
 
 
 def _config(q, layout, rotary_dim, interleaved, inplace, backend, factor) -> _Config:
@@ -289,7 +193,7 @@ def _config(q, layout, rotary_dim, interleaved, inplace, backend, factor) -> _Co
 
 
 def _backend(backend: str, q: torch.Tensor) -> str:
-    _check_choice("backend", backend, BACKENDS)
+    checks.check_choice("backend", backend, BACKENDS)
     if backend == "auto":
         usable = q.is_cuda and q.dtype != torch.float64 and _triton_rotate() is not None
         return "triton" if usable else "torch"
