@@ -18,6 +18,7 @@ SUBCOMMANDS = [
     "yarnlib.vllm.check_rollout",
     "yarnlib.eval.cli",
     "yarnlib.finetune.cli",
+    "yarnlib.demo",
     # more subcommands: one line each (config, vllm-args, check-rollout, eval, finetune, demo)
 ]
 
