@@ -517,3 +517,22 @@ def test_damaged_record_exits_2(folder, capsys):
     assert config(path, "--reset", "--in-place") == 2
     assert "is damaged" in capsys.readouterr().err
     assert snapshot(path) == before
+
+
+def test_show_rope_types_yarnlib_does_not_know(folder):
+    path = folder("llama", "v4")
+    data = json.loads((path / "config.json").read_text())
+    data["rope_scaling"] = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    report = config_files.show(path)
+    assert report["spec"] is None and report["vllm"]["max_model_len"] == L
+    assert ["llama3" in p for p in report["inconsistencies"]] == [True]
+    before = snapshot(path)
+    assert config(path, "--factor", "2", "--in-place") == 2
+    assert snapshot(path) == before

@@ -26,6 +26,7 @@ from typing import Any
 
 from yarnlib.convert import (
     DEFAULT_ROPE_THETA,
+    HF_DYNAMIC_YARN,
     MARKER,
     from_hf,
     has_rope,
@@ -556,7 +557,7 @@ def show(model_dir: str | Path) -> dict[str, Any]:
             f"vLLM runs rope_type 'dynamic' as static NTK scaled for max_model_len="
             f"{max_model_len}, transformers rescales per sequence length: they differ"
         )
-    elif rope_type not in ("default", "linear", "yarn"):
+    elif rope_type == HF_DYNAMIC_YARN:
         problems.append(
             f"rope_type {rope_type!r} loads in transformers only after `import yarnlib`, and "
             "in vLLM only with yarnlib's vLLM plugin"
