@@ -6,7 +6,7 @@ table-free builds none). GB/s is over the minimum bytes: q and k read once and w
 once per pass. On CUDA also the ratio to a measured device-to-device copy of those bytes.
 
     python benchmarks/rope_kernels.py                     # CUDA: 1k..128k; CPU: 1k..4k
-    python benchmarks/rope_kernels.py --seq 1024 4096 --out results.json
+    python benchmarks/rope_kernels.py --seq 1024 4096 --threads 1 --out results.json
 
 On CPU only the torch paths run (no Triton, no Liger), with one warm-up call instead of two
 and lengths up to 4k, to keep the run under three minutes on two cores.
@@ -136,7 +136,10 @@ def main() -> None:
     parser.add_argument("--seq", type=int, nargs="+", help="sequence lengths (tokens)")
     parser.add_argument("--repeats", type=int, help="timed calls per measurement")
     parser.add_argument("--out", type=Path, help="JSON file (default: next to this script)")
+    parser.add_argument("--threads", type=int, help="CPU threads (1 is steadier on a busy host)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16
     seqs = args.seq or (CUDA_SEQS if device.type == "cuda" else CPU_SEQS)

@@ -50,14 +50,16 @@ def rotate(pairs, angles: Angles, rotary_dim: int, interleaved: bool, sign: floa
     cos, sin = cos_sin(angles, x0.shape[1], compute, x0.device)
     if sign < 0:
         sin = -sin
+    half = rotary_dim // 2
+    if interleaved:  # the feature slices holding the two members of every pair
+        first, second = slice(0, rotary_dim, 2), slice(1, rotary_dim, 2)
+    else:
+        first, second = slice(0, half), slice(half, rotary_dim)
     for x, out in pairs:
         rot = x[..., :rotary_dim].to(compute)
-        if interleaved:
-            x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        else:
-            x1, x2 = rot.chunk(2, dim=-1)
+        x1, x2 = rot[..., first], rot[..., second]
         # transformers' q*cos + rotate_half(q)*sin, operation for operation (bit-identical).
         o1 = x1 * cos - x2 * sin
         o2 = x2 * cos + x1 * sin
-        rot = torch.stack((o1, o2), dim=-1).flatten(-2) if interleaved else torch.cat((o1, o2), -1)
-        out[..., :rotary_dim].copy_(rot)
+        out[..., first].copy_(o1)  # both halves exist before out (maybe x itself) is written
+        out[..., second].copy_(o2)
