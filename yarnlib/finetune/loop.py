@@ -141,11 +141,23 @@ def make_accelerator(args) -> Accelerator:
     )
 
 
+def check_grad_accum(accelerator, wanted: int) -> None:
+    """An accelerate/DeepSpeed config may set its own accumulation; the data layout of a step
+    (and the exact resume) assumes ``--grad-accum``, so the two must agree."""
+    if accelerator.gradient_accumulation_steps != wanted:
+        raise ValueError(
+            f"grad_accum: --grad-accum is {wanted} but the accelerate/DeepSpeed config sets "
+            f"gradient_accumulation_steps={accelerator.gradient_accumulation_steps}; allowed: "
+            "the same value in both (or leave it out of the config)"
+        )
+
+
 def train(args) -> Result:
     """Run (or resume) a fine-tuning job described by the parsed ``yarnlib finetune`` args."""
     if args.schedule not in SCHEDULES:
         raise ValueError(f"schedule: {args.schedule!r}; allowed: {', '.join(SCHEDULES)}")
     accelerator = make_accelerator(args)
+    check_grad_accum(accelerator, args.grad_accum)
     set_seed(args.seed)
     output = Path(args.output)
     parallel = accelerator.parallelism_config
@@ -193,6 +205,7 @@ def train(args) -> Result:
         config = accelerator.state.deepspeed_plugin.deepspeed_config
         config["train_micro_batch_size_per_gpu"] = args.batch_size
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    check_grad_accum(accelerator, args.grad_accum)
     cursor = checkpoint.Cursor(stream.key, global_batch, args.seq_len)
     accelerator.register_for_checkpointing(cursor)
 
