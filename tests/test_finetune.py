@@ -215,3 +215,18 @@ def test_example_accelerate_configs_pass_the_launcher(config):
         assert env["FSDP_VERSION"] == "2"
         if config.stem.startswith("context_parallel"):
             assert env["PARALLELISM_CONFIG_CP_SIZE"] == "8"
+
+
+def test_lora_trains_adapters_and_saves_a_merged_patched_model(setup, tmp_path):
+    extra = ("--steps", "2", "--lora", "--lora-rank", "4", "--method", "linear")
+    result = train(args_for(setup, tmp_path, *extra))
+    saved = AutoConfig.from_pretrained(result.model_dir)
+    assert saved.rope_parameters["rope_type"] == "linear" and saved.rope_parameters["factor"] == 2
+    reloaded = AutoModelForCausalLM.from_pretrained(result.model_dir)
+    names = [n for n, _ in reloaded.named_parameters()]
+    assert not any("lora" in n for n in names)
+    base = AutoModelForCausalLM.from_pretrained(setup[0])
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(reloaded.state_dict()[q], base.state_dict()[q])  # adapter merged
+    mlp = "model.layers.0.mlp.up_proj.weight"
+    assert torch.equal(reloaded.state_dict()[mlp], base.state_dict()[mlp])  # not a target
