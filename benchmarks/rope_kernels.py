@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -166,7 +167,11 @@ def main() -> None:
         checks = check_against_torch(max(seqs), device)
         print(f"float32 max |triton - torch| at {max(seqs)} positions: {checks}")
     info = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor(),
+        "device": (
+            torch.cuda.get_device_name()
+            if device.type == "cuda"
+            else f"{platform.machine()} CPU, {os.cpu_count()} cores"
+        ),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "shape": {"batch": 1, "q_heads": Q_HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM},
