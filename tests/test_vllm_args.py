@@ -142,3 +142,14 @@ def test_plugin_table_is_the_spec_at_the_engine_length(plugin_get_rope, method):
     angles = torch.arange(12000, dtype=torch.float32)[:, None] * inv_freq
     expected = torch.cat((angles.cos() * factor, angles.sin() * factor), dim=-1)
     assert torch.equal(rope.cos_sin_cache, expected)
+
+
+def test_entry_point_loads_register():
+    from importlib.metadata import entry_points
+
+    from yarnlib.vllm import plugin
+
+    found = [e for e in entry_points(group="vllm.general_plugins") if e.value.startswith("yarnlib")]
+    if not found:
+        pytest.skip("the yarnlib vllm.general_plugins entry point is not installed")
+    assert found[0].load() is plugin.register
