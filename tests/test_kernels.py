@@ -1,8 +1,8 @@
 """yarnlib.kernels against a float64 reference: both backends, every layout, pairing and dtype.
 
-Triton runs through its interpreter on CPU tensors (TRITON_INTERPRET=1, set before Triton is
-first imported), on fewer and smaller shapes than the torch backend because every
-interpreted launch costs tens of milliseconds.
+The Triton cases (test_kernels_triton.py) run through its interpreter on CPU tensors
+(TRITON_INTERPRET=1, set before Triton is first imported), on fewer and smaller shapes than
+the torch backend because every interpreted launch costs tens of milliseconds.
 
 Tolerances (stated once, used everywhere):
 - float32: |out − ref| ≤ FP32_TOL · (1 + |ref|): a few float32 roundings of cos, sin and
@@ -165,12 +165,5 @@ def cases(shapes):
 @pytest.mark.parametrize("shape, layout, interleaved, dtype, mode", cases(TORCH_SHAPES))
 def test_torch_backend_matches_float64_reference(shape, layout, interleaved, dtype, mode):
     for out, ref in run_case(shape, layout, interleaved, dtype, mode, "torch"):
-        assert out.dtype == dtype
-        assert_matches(out, ref)
-
-
-@pytest.mark.parametrize("shape, layout, interleaved, dtype, mode", cases(TRITON_SHAPES))
-def test_triton_backend_matches_float64_reference(shape, layout, interleaved, dtype, mode):
-    for out, ref in run_case(shape, layout, interleaved, dtype, mode, "triton"):
         assert out.dtype == dtype
         assert_matches(out, ref)
