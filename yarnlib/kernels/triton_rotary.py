@@ -1,4 +1,5 @@
-"""The Triton backend: one launch rotates q and k, forward (+θ) and backward (−θ).
+"""The Triton backend: one launch rotates q and k (in place: one each), forward (+θ) and
+backward (−θ).
 
 Each program takes a block of tokens, gets their cos/sin once (loaded from a table, or
 computed from position × inv_freq in float32 registers) and reuses them for every head of
