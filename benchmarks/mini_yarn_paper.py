@@ -204,11 +204,14 @@ def plot(paper: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     lengths = paper["lengths"]
+    colors = {"none": "black", "linear": "C0", "ntk": "C1", "yarn": "C2"}
     for name, row in paper["perplexity"].items():
         style = "--" if "no fine-tune" in name else "-"
-        ax.plot(lengths, [row[str(n)] for n in lengths], style, marker="o", label=name)
-    ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="perplexity")
+        color = colors[name.split()[0]]
+        ax.plot(lengths, [row[str(n)] for n in lengths], style, color=color, marker="o", label=name)
+    ax.set(xscale="log", xlabel="context (tokens)", ylabel="perplexity (held-out plays)")
     ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.axvline(256, color="grey", lw=0.5)
     ax.axvline(1024, color="grey", lw=0.5)
     ax.set_title("tiny LLaMA, L=256 → 1024 (s=4), Shakespeare")

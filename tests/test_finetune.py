@@ -106,12 +106,15 @@ def test_resume_after_a_stop_gives_the_same_losses(setup, tmp_path):
     assert [r["loss"] for r in log] == [both[s] for s in range(1, 7)]
 
 
-def test_resume_refuses_a_different_batch(setup, tmp_path):
+def test_resume_refuses_a_different_batch_and_a_fresh_run_refuses_old_checkpoints(setup, tmp_path):
     train(args_for(setup, tmp_path, "--steps", "2", "--save-every", "1", "--stop-after", "1"))
     AcceleratorState._reset_state(True)
     changed = args_for(setup, tmp_path, "--steps", "2", "--batch-size", "3", "--resume", "latest")
     with pytest.raises(ValueError, match="global_batch"):
         train(changed)
+    AcceleratorState._reset_state(True)
+    with pytest.raises(ValueError, match="checkpoints of an earlier run"):
+        train(args_for(setup, tmp_path, "--steps", "2"))
 
 
 def stream_of(docs: list[list[int]]) -> TokenStream:

@@ -121,6 +121,12 @@ def loss_of(model, head, inputs: dict, labels: torch.Tensor, chunk_size: int) ->
     )
 
 
+def has_accelerator() -> bool:
+    if hasattr(torch, "accelerator"):  # torch >= 2.6: CUDA, XPU, MPS, ...
+        return torch.accelerator.is_available()
+    return torch.cuda.is_available()
+
+
 def make_accelerator(args) -> Accelerator:
     if args.mixed_precision not in MIXED_PRECISION:
         raise ValueError(
@@ -132,7 +138,7 @@ def make_accelerator(args) -> Accelerator:
     trackers = choose_trackers(args.report_to)
     return Accelerator(
         # without this, torchrun on a machine without accelerators gives N unrelated runs
-        cpu=not torch.accelerator.is_available(),
+        cpu=not has_accelerator(),
         gradient_accumulation_steps=args.grad_accum,
         mixed_precision=precision,
         log_with=trackers or None,
@@ -216,6 +222,11 @@ def train(args) -> Result:
         if accelerator.is_main_process:
             checkpoint.truncate_log(log.path, cursor.step)
         accelerator.print(f"resumed from {path} at step {cursor.step}")
+    elif checkpoint.completed(output):  # a later --resume latest would mix two runs
+        raise ValueError(
+            f"output: {output} holds checkpoints of an earlier run; allowed: --resume latest, "
+            "or a new --output"
+        )
     elif accelerator.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
         log.path.unlink(missing_ok=True)
