@@ -160,6 +160,7 @@ def _bad_calls():
         ("cos and sin must have the same shape", lambda: apply_rotary(q, k, cos, sin[:4], pos)),
         ("position_ids must be", lambda: apply_rotary(q, k, cos, sin, pos.float())),
         ("position_ids must have shape", lambda: apply_rotary(q, k, cos, sin, pos[:3])),
+        ("position_ids must lie in [0, 8)", lambda: apply_rotary(q, k, cos, sin, pos + 5)),
         ("must be per token", lambda: apply_rotary(q, k, cos, sin)),
         ("cos: with position_ids", lambda: apply_rotary(q, k, cos[None], sin[None], pos)),
         ("cu_seqlens is for layout='thd'", lambda: apply_scaled_rotary(

@@ -95,6 +95,15 @@ def positions(position_ids, cu_seqlens, layout, batch, seq, device):
     return pos
 
 
+def check_rows(pos: torch.Tensor, rows: int) -> None:
+    """Table rows exist for every position (on CPU; on a GPU the check would synchronize)."""
+    if pos.device.type == "cpu" and pos.numel() and not 0 <= pos.min() <= pos.max() < rows:
+        raise ValueError(
+            f"position_ids must lie in [0, {rows}) (the rows of cos), got "
+            f"{pos.min().item()}..{pos.max().item()}"
+        )
+
+
 def per_token(table: torch.Tensor, layout: str, batch: int, seq: int) -> torch.Tensor:
     """A per-token cos/sin as ``[1 or batch, seq, width]``."""
     t = table if table.dim() == 3 and layout != "thd" else table[None]

@@ -51,7 +51,7 @@ def apply_rotary(
 
     - ``position_ids`` given (``[seq]`` or ``[batch, seq]``; ``[tokens]`` or ``[1, tokens]``
       for ``thd``), int32 or int64: ``cos`` is a 2-D table ``[max_position, ...]`` indexed
-      by position;
+      by position (which must lie in ``[0, max_position)``; checked for CPU tensors);
     - ``cu_seqlens`` given (``thd`` only, ``[n_seqs + 1]`` offsets): the same, with positions
       restarting at 0 in every packed sequence;
     - neither: ``cos`` is per token, ``[seq, ...]`` or ``[batch, seq, ...]`` (``[tokens, ...]``
@@ -93,6 +93,7 @@ def apply_rotary(
                 f"cos: with position_ids or cu_seqlens it must be a table [max_position, "
                 f"rotary_dim], got shape {tuple(cos.shape)}"
             )
+        checks.check_rows(pos, cos.shape[0])
         tables = cos[None, :, :half], sin[None, :, :half]
     else:
         tables = (
