@@ -166,6 +166,12 @@ def train(args) -> Result:
     check_grad_accum(accelerator, args.grad_accum)
     set_seed(args.seed)
     output = Path(args.output)
+    resume_from = checkpoint.resolve_resume(args.resume, output) if args.resume else None
+    if not resume_from and checkpoint.completed(output):  # a later resume would mix two runs
+        raise ValueError(
+            f"output: {output} holds checkpoints of an earlier run; allowed: --resume latest, "
+            "or a new --output"
+        )
     parallel = accelerator.parallelism_config
     cp_size = parallel.cp_size if parallel else 1
     checks.check_seq_len(args.seq_len, cp_size, parallel.sp_size if parallel else 1)
@@ -216,17 +222,11 @@ def train(args) -> Result:
     accelerator.register_for_checkpointing(cursor)
 
     log = JsonlLog(output / LOG_FILE, accelerator.is_main_process)
-    if args.resume:
-        path = checkpoint.resolve_resume(args.resume, output)
-        accelerator.load_state(str(path))
+    if resume_from:
+        accelerator.load_state(str(resume_from))
         if accelerator.is_main_process:
             checkpoint.truncate_log(log.path, cursor.step)
-        accelerator.print(f"resumed from {path} at step {cursor.step}")
-    elif checkpoint.completed(output):  # a later --resume latest would mix two runs
-        raise ValueError(
-            f"output: {output} holds checkpoints of an earlier run; allowed: --resume latest, "
-            "or a new --output"
-        )
+        accelerator.print(f"resumed from {resume_from} at step {cursor.step}")
     elif accelerator.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
         log.path.unlink(missing_ok=True)
