@@ -84,9 +84,7 @@ def test_resume_after_a_stop_gives_the_same_losses(setup, tmp_path):
     common = ("--steps", "6", "--grad-accum", "2", "--chunk-size", "24")
     straight = train(args_for(setup, tmp_path / "a", *common))
     AcceleratorState._reset_state(True)
-    first = train(
-        args_for(setup, tmp_path / "b", *common, "--save-every", "3", "--stop-after", "3")
-    )
+    first = train(args_for(setup, tmp_path / "b", *common, "--stop-after", "3"))
     assert first.model_dir is None and first.steps == 3
     run = tmp_path / "b" / "run"
     # what a kill leaves behind: a half-written checkpoint and log lines past the checkpoint

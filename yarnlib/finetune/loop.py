@@ -289,7 +289,8 @@ def train(args) -> Result:
             tok_s=f"{record['tokens_per_s']:.0f}",
             mem=f"{record['memory_gib']:.1f}G",
         )
-        if args.save_every and (cursor.step % args.save_every == 0 or cursor.step == last):
+        stopping = cursor.step == last < args.steps  # --stop-after: always resumable
+        if stopping or (args.save_every and cursor.step % args.save_every == 0):
             checkpoint.save(accelerator, output, cursor.step, args.keep_checkpoints)
     bar.close()
     result.steps, result.model = cursor.step, accelerator.unwrap_model(model)
