@@ -4,6 +4,10 @@ errors before the first step."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,8 @@ from yarnlib.finetune.checks import check_length, check_seq_len
 from yarnlib.finetune.cli import check_args, parse_args
 from yarnlib.finetune.data import PackedRows, TokenStream, labels_for, tokenize
 from yarnlib.finetune.loop import train
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -43,15 +49,18 @@ def setup(tmp_path_factory):
     return model_dir(root / "model"), text_folder(root / "data", cyclic_texts(60))
 
 
-def args_for(setup, tmp_path, *extra: str):
+def argv_for(setup, tmp_path, *extra: str) -> list[str]:
     model, data = setup
-    argv = [
+    return [
         "--model", str(model), "--dataset", str(data), "--output", str(tmp_path / "run"),
         "--cache-dir", str(tmp_path / "cache"), "--seq-len", "64", "--batch-size", "2",
         "--method", "yarn", "--factor", "2", "--lr", "3e-3", "--warmup-steps", "2",
         "--report-to", "none", "--seed", "1", *extra,
     ]  # fmt: skip
-    args = parse_args(argv)
+
+
+def args_for(setup, tmp_path, *extra: str):
+    args = parse_args(argv_for(setup, tmp_path, *extra))
     check_args(args)
     return args
 
@@ -80,28 +89,62 @@ def test_loss_falls_and_saved_model_carries_the_patched_config(setup, tmp_path):
         torch.testing.assert_close(reloaded(ids).logits, result.model(ids).logits)
 
 
-def test_resume_after_a_stop_gives_the_same_losses(setup, tmp_path):
+KILLED_RUN = """
+import sys, time
+from yarnlib.finetune import logs
+from yarnlib.finetune.__main__ import main
+
+write = logs.JsonlLog.write
+
+
+def write_then_hang(self, record):
+    write(self, record)
+    if record["step"] == 5:
+        time.sleep(600)  # the test kills the process here, two steps past its checkpoint
+
+
+logs.JsonlLog.write = write_then_hang
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_kill_and_resume_gives_the_same_losses(setup, tmp_path):
     common = ("--steps", "6", "--grad-accum", "2", "--chunk-size", "24")
     straight = train(args_for(setup, tmp_path / "a", *common))
     AcceleratorState._reset_state(True)
-    first = train(args_for(setup, tmp_path / "b", *common, "--stop-after", "3"))
-    assert first.model_dir is None and first.steps == 3
+
+    script = tmp_path / "killed_run.py"
+    script.write_text(KILLED_RUN)
+    argv = argv_for(setup, tmp_path / "b", *common, "--save-every", "3")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     run = tmp_path / "b" / "run"
-    # what a kill leaves behind: a half-written checkpoint and log lines past the checkpoint
-    (run / "checkpoints" / "step-000005.tmp").mkdir()
-    with (run / "log.jsonl").open("a") as f:
-        f.write(json.dumps({"step": 4, "loss": 99.0}) + "\n" + '{"step": 5, "lo')
-    AcceleratorState._reset_state(True)
+    process = subprocess.Popen([sys.executable, str(script), *argv], env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while '"step": 5' not in _text(run / "log.jsonl"):
+            assert process.poll() is None and time.monotonic() < deadline, (
+                "run did not reach step 5"
+            )
+            time.sleep(0.5)
+    finally:
+        process.kill()  # SIGKILL: no cleanup, as on a preempted node
+        process.wait()
+    assert (run / "checkpoints" / "step-000003").is_dir()
+    assert not (run / "checkpoints" / "step-000006").exists()
+    (run / "checkpoints" / "step-000005.tmp").mkdir()  # as if killed while saving
+
     resumed = train(args_for(setup, tmp_path / "b", *common, "--resume", "latest"))
     assert sorted(resumed.losses) == [4, 5, 6]
-    both = {**first.losses, **resumed.losses}
-    for step in range(1, 7):
-        assert abs(both[step] - straight.losses[step]) <= 1e-6, (step, both, straight.losses)
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]  # the killed run's 4 and 5 dropped
+    for record in log:
+        assert abs(record["loss"] - straight.losses[record["step"]]) <= 1e-6, (log, straight)
     for p, q in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0)
-    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
-    assert [r["loss"] for r in log] == [both[s] for s in range(1, 7)]
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""
 
 
 def test_resume_refuses_a_different_batch_and_a_fresh_run_refuses_old_checkpoints(setup, tmp_path):
@@ -199,7 +242,7 @@ def test_checkpoint_latest_skips_unfinished(tmp_path):
         checkpoint.resolve_resume("latest", tmp_path / "nothing")
 
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples" / "finetune").glob("*.yaml"))
+EXAMPLES = sorted((REPO / "examples" / "finetune").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("config", EXAMPLES, ids=lambda p: p.stem)
