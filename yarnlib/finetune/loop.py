@@ -185,6 +185,12 @@ def train(args) -> Result:
     )
     checks.check_length(args.seq_len, spec)
     attn = choose_attn_implementation(args.attn_implementation, accelerator.device)
+    if cp_size > 1 and attn != "sdpa":  # torch's ring attention replaces SDPA only
+        if args.attn_implementation != "auto":
+            raise ValueError(
+                f"attn_implementation: {attn!r} with context parallelism; allowed: sdpa, auto"
+            )
+        attn = "sdpa"
 
     tokenizer = AutoTokenizer.from_pretrained(resolve(args.model))
     with accelerator.main_process_first():  # the main process tokenizes, the others read the cache
