@@ -35,12 +35,19 @@ def perplexity_methods(factors: list[str]) -> str:
     return ",".join(methods)
 
 
-def memory_check(length: int, output: Path) -> dict:
-    """Peak memory of one forward + loss at ``length`` tokens: chunked head vs full logits."""
+def memory_check(length: int, layers: int | None, output: Path) -> dict:
+    """Peak memory of one forward + loss at ``length`` tokens: chunked head vs full logits.
+
+    ``layers`` keeps only the first decoder layers (same hidden size and vocabulary): without
+    autograd the forward's working memory is one layer's, so the difference is the logits.
+    """
     model, tokenizer = load_smollm2()
+    if layers:
+        model.model.layers = model.model.layers[:layers]
+        model.config.num_hidden_layers = layers
     text = load_documents()[0][1]
     ids = torch.tensor([tokenizer(text)["input_ids"][:length]])
-    result = {"length": length, "vocab": model.config.vocab_size}
+    result = {"length": length, "layers": len(model.model.layers), "vocab": model.config.vocab_size}
     with torch.no_grad():
         with Meter() as chunked:
             loss, _ = causal_lm_loss(model, ids)
@@ -66,6 +73,7 @@ def main() -> None:
     parser.add_argument("--depths", default="0.5")
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--memory-length", type=int, default=16384)
+    parser.add_argument("--memory-layers", type=int, help="keep only this many layers (speed)")
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
     output = Path(args.output)
@@ -84,7 +92,7 @@ def main() -> None:
              "--trials", str(args.trials), "--output", str(output / "passkey")]
         )  # fmt: skip
     if "memory" in parts:
-        print(json.dumps(memory_check(args.memory_length, output), indent=2))
+        print(json.dumps(memory_check(args.memory_length, args.memory_layers, output), indent=2))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ def _pyplot():
     return plt
 
 
+def _tokens(n: int) -> str:
+    return f"{n / 1024:g}k" if n >= 1024 else str(n)
+
+
 def plot_perplexity(records: list[dict], original: int | None, path: Path, title: str = "") -> Path:
     """Perplexity vs context length, one line per method, the original context marked."""
     plt = _pyplot()
@@ -25,14 +29,17 @@ def plot_perplexity(records: list[dict], original: int | None, path: Path, title
         ax.axvline(original, color="grey", ls="--", lw=1)
         ax.annotate(
             f"original context {original}",
-            (original, 1),
+            (original, 0),
             xycoords=("data", "axes fraction"),
-            xytext=(4, -14),
+            xytext=(4, 6),
             textcoords="offset points",
             fontsize=8,
             color="grey",
         )
     ax.set_xscale("log", base=2)
+    lengths = sorted({r["length"] for r in records})
+    ax.set_xticks(lengths, [_tokens(n) for n in lengths])
+    ax.minorticks_off()
     ax.set_yscale("log")
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity (log scale)")
@@ -61,7 +68,7 @@ def plot_passkey(records: list[dict], path: Path, title: str = "") -> Path:
     for ax, method in zip(axes, methods, strict=True):
         grid = [[acc.get((method, n, d), float("nan")) for n in lengths] for d in depths]
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-        ax.set_xticks(range(len(lengths)), [f"{n // 1024}k" if n >= 1024 else n for n in lengths])
+        ax.set_xticks(range(len(lengths)), [_tokens(n) for n in lengths])
         ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
         ax.set_title(method, fontsize=9)
         ax.set_xlabel("length")
