@@ -84,11 +84,13 @@ def run_perplexity_cli(args) -> int:
     chosen, skipped = select_samples([len(t) for t in tokens], lengths, args.samples)
     fields = ("dataset", "text_column", "split", "samples", "window", "stride")
     store = CellStore(args.output, ("method", "length"), settings(args, *fields), args.resume)
-    model, _ = load_model(args.model, DTYPES[args.dtype])
-    computed = run_perplexity(
-        model, tokens, methods, lengths, chosen, skipped, store, original,
-        args.window, args.stride, args.chunk_size, args.max_cells,
-    )  # fmt: skip
+    computed = []
+    if not store.complete(methods, lengths):
+        model, _ = load_model(args.model, DTYPES[args.dtype])
+        computed = run_perplexity(
+            model, tokens, methods, lengths, chosen, skipped, store, original,
+            args.window, args.stride, args.chunk_size, args.max_cells,
+        )  # fmt: skip
     records = list(store.done.values())
     names = {n: [docs[d][0] for d in chosen[n]] for n in lengths}
     finish(store, "perplexity", computed, len(methods) * len(lengths), {"documents": names})
@@ -116,11 +118,13 @@ def run_passkey_cli(args) -> int:
     fields = ("trials", "seed", "distractors", "max_new_tokens")
     keys = ("method", "length", "depth")
     store = CellStore(args.output, keys, settings(args, *fields), args.resume)
-    model, _ = load_model(args.model, DTYPES[args.dtype])
-    computed = run_passkey(
-        model, tokenizer, methods, lengths, depths, args.trials, store,
-        args.seed, args.distractors, args.max_new_tokens, args.max_cells,
-    )  # fmt: skip
+    computed = []
+    if not store.complete(methods, lengths, depths):
+        model, _ = load_model(args.model, DTYPES[args.dtype])
+        computed = run_passkey(
+            model, tokenizer, methods, lengths, depths, args.trials, store,
+            args.seed, args.distractors, args.max_new_tokens, args.max_cells,
+        )  # fmt: skip
     records = list(store.done.values())
     finish(store, "passkey", computed, len(methods) * len(lengths) * len(depths), {})
     by_length = {}

@@ -48,6 +48,16 @@ class CellStore:
     def has(self, **key) -> bool:
         return tuple(key[f] for f in self.key_fields) in self.done
 
+    def complete(self, methods, lengths, depths=None) -> bool:
+        """Whether every (method, length[, depth]) cell is done (then no model needs loading)."""
+        cells = [
+            dict(method=m.label, length=n, **({} if depths is None else {"depth": d}))
+            for m in methods
+            for n in lengths
+            for d in (depths or [None])
+        ]
+        return all(self.has(**cell) for cell in cells)
+
     def add(self, record: dict) -> None:
         record = {**record, "settings_id": self.id}
         # Rewrite-free append, flushed to disk: a kill loses at most the cell in progress.
