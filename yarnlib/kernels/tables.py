@@ -33,10 +33,21 @@ def rotary_cos_sin(
     if not isinstance(position_ids, torch.Tensor) or position_ids.dtype not in INDEX_DTYPES:
         got = position_ids.dtype if isinstance(position_ids, torch.Tensor) else type(position_ids)
         raise ValueError(f"position_ids must be an int32 or int64 tensor, got {got}")
-    inv_freq = spec.inv_freq(seq_len).to(device=position_ids.device, dtype=torch.float32)
-    attention_factor = spec.attention_factor(seq_len)
-    freqs = position_ids[..., None].float() * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos = emb.cos() * attention_factor
-    sin = emb.sin() * attention_factor
+    inv_freq, attention_factor = spec.frequencies(seq_len)
+    return cos_sin(inv_freq, attention_factor, position_ids, dtype)
+
+
+def cos_sin(
+    inv_freq: torch.Tensor,
+    attention_factor: float,
+    position_ids: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 2–5 of ``rotary_cos_sin`` for frequencies already computed (and cached)."""
+    with torch.autocast(device_type=position_ids.device.type, enabled=False):
+        inv_freq = inv_freq.to(device=position_ids.device, dtype=torch.float32)
+        freqs = position_ids[..., None].float() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * attention_factor
+        sin = emb.sin() * attention_factor
     return cos.to(dtype), sin.to(dtype)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from yarnlib.kernels.tables import cos_sin
 from yarnlib.patches.rotation import choose_route, tag
 from yarnlib.spec import RopeScaling
 
@@ -66,13 +67,9 @@ class YarnlibRotaryEmbedding(nn.Module):
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
         inv_freq, attention_factor = self.frequencies(position_ids)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            freqs = position_ids[..., None].float() * inv_freq.to(x.device)
-            emb = torch.cat((freqs, freqs), dim=-1)
-            cos = emb.cos() * attention_factor
-            sin = emb.sin() * attention_factor
+        cos, sin = cos_sin(inv_freq, attention_factor, position_ids.to(x.device), x.dtype)
         route = choose_route(self.use_kernel, self.spec.rotary_dim, self.head_dim, x.device)
-        return tag(cos.to(x.dtype), route), sin.to(x.dtype)
+        return tag(cos, route), sin
 
     def extra_repr(self) -> str:
         return self.spec.describe()
