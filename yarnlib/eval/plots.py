@@ -60,25 +60,24 @@ def plot_passkey(records: list[dict], path: Path, title: str = "") -> Path:
     lengths = sorted({r["length"] for r in records})
     depths = sorted({r["depth"] for r in records})
     acc = {(r["method"], r["length"], r["depth"]): r["accuracy"] for r in records}
-    fig, axes = plt.subplots(
-        1, len(methods), figsize=(1.2 + 0.8 * len(lengths) * len(methods), 1.6 + 0.4 * len(depths))
-    )
+    width = 1.5 + max(1.6, 0.8 * len(lengths)) * len(methods)
+    fig, axes = plt.subplots(1, len(methods), figsize=(width, 2.2 + 0.4 * len(depths)))
     axes = [axes] if len(methods) == 1 else list(axes)
     image = None
-    for ax, method in zip(axes, methods, strict=True):
+    for i, (ax, method) in enumerate(zip(axes, methods, strict=True)):
         grid = [[acc.get((method, n, d), float("nan")) for n in lengths] for d in depths]
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
         ax.set_xticks(range(len(lengths)), [_tokens(n) for n in lengths])
-        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths] if i == 0 else [])
         ax.set_title(method, fontsize=9)
         ax.set_xlabel("length")
-        for i, row in enumerate(grid):
-            for j, value in enumerate(row):
+        for y, row in enumerate(grid):
+            for x, value in enumerate(row):
                 if value == value:  # not NaN
-                    ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=7)
+                    ax.text(x, y, f"{value:.0%}", ha="center", va="center", fontsize=8)
     axes[0].set_ylabel("key depth")
     fig.colorbar(image, ax=axes, shrink=0.8, label="accuracy")
-    fig.suptitle(title or "Passkey retrieval accuracy", fontsize=10)
+    fig.suptitle(title or "Passkey retrieval accuracy", fontsize=10, y=1.04)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
