@@ -79,7 +79,7 @@ def test_missing_rope_theta_fails_check(results):
     assert report["max_abs"] > 10 * TOLERANCE
 
 
-def test_cli_exit_codes(results):
+def test_cli_on_a_rewritten_folder_without_overrides(results):
     assert results["cli"]["rc"] == 0
     assert results["cli"]["report"]["passed"]
 
@@ -109,7 +109,7 @@ def worker(out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_models import tiny_model
 
-    from yarnlib import cli
+    from yarnlib import cli, config_files
     from yarnlib.vllm import check_rollout, llm_kwargs
     from yarnlib.vllm.args_cli import spec_for_model
 
@@ -143,7 +143,13 @@ def worker(out: Path) -> None:
         broken["hf_overrides"]["rope_theta"],
     )
     check("yarn-without-rope_theta", llama, "yarn", kwargs=broken)
-    args = ["check-rollout", str(llama), "--method", "yarn", "--factor", str(FACTOR)]
+    # A folder rewritten on disk (the EasyR1 route), loaded by vLLM without overrides.
+    rewritten = out / "llama-yarn"
+    config_files.apply(
+        llama, config_files.plan(llama, spec_for_model(llama, "yarn", FACTOR)), output=rewritten
+    )
+    args = ["check-rollout", str(rewritten), "--method", "yarn", "--factor", str(FACTOR)]
+    args += ["--config-as-is"]
     args += [
         "--length",
         str(LENGTH),

@@ -157,11 +157,14 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_for_model(
         args.model_dir, args.method, args.factor, args.original_max_position_embeddings
     )
+    kwargs = llm_kwargs(spec, args.max_model_len)
+    if args.config_as_is:  # what EasyR1's rollout does: config.json, no overrides
+        kwargs = {"max_model_len": kwargs["max_model_len"]}
     report = compare(
         args.model_dir,
         spec,
         args.length,
-        max_model_len=args.max_model_len,
+        kwargs=kwargs,
         tolerance=args.tolerance,
         seed=args.seed,
         prompt_file=args.prompt_file,
@@ -185,5 +188,11 @@ def register(subparsers) -> None:
     parser.add_argument("--tolerance", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompt ids")
     parser.add_argument("--prompt-file", help="text to tokenize (repeated) instead of random ids")
+    parser.add_argument(
+        "--config-as-is",
+        action="store_true",
+        help="vLLM reads config.json without hf_overrides (for a folder rewritten by "
+        "`yarnlib config`, as EasyR1's rollout loads it)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.set_defaults(func=run)
