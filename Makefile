@@ -28,8 +28,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Two pytest workers on two cores: one thread each, or torch oversubscribes the cores.
 test: lint
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 demo: $(STAMP)
 	$(VENV)/bin/yarnlib demo
