@@ -104,15 +104,25 @@ def plugin_get_rope():
 
     from yarnlib.vllm import plugin
 
-    original = rotary_embedding.get_rope
+    before = rotary_embedding.get_rope
+    # The installed entry point may have registered the plugin already: start unwrapped.
+    original = getattr(before, "__wrapped__", before)
+    rebind(before, original)
     plugin.register()
     plugin.register()  # vLLM may load plugins more than once
     wrapped = rotary_embedding.get_rope
     yield original, wrapped
-    rotary_embedding.get_rope = original
+    rebind(wrapped, before)
+
+
+def rebind(old, new):
+    """Point vLLM's get_rope, and every vllm module that imported it, from old to new."""
+    from vllm.model_executor.layers import rotary_embedding
+
+    rotary_embedding.get_rope = new
     for name, module in list(sys.modules.items()):
-        if name.startswith("vllm.") and getattr(module, "get_rope", None) is wrapped:
-            module.get_rope = original
+        if name.startswith("vllm.") and getattr(module, "get_rope", None) is old:
+            module.get_rope = new
 
 
 def test_plugin_leaves_native_types_alone(plugin_get_rope):

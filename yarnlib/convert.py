@@ -108,11 +108,11 @@ def to_vllm(spec: RopeScaling) -> dict[str, Any]:
     # inside it, theta silently falls back to 10000.
     overrides: dict[str, Any] = {"rope_parameters": params, "rope_theta": params["rope_theta"]}
     kwargs: dict[str, Any] = {"hf_overrides": overrides}
-    max_positions = spec.max_position_embeddings
-    if max_positions is not None:
-        # vLLM does not raise the derived max length by `factor` for yarn; say it explicitly.
-        overrides["max_position_embeddings"] = max_positions
-        kwargs["max_model_len"] = max_positions
+    if spec.max_position_embeddings is not None:
+        # The key as config.json has it (vLLM multiplies it by factor for linear, and does
+        # not for yarn), and the extended length said outright.
+        overrides["max_position_embeddings"] = config_max_position_embeddings(spec)
+        kwargs["max_model_len"] = spec.max_position_embeddings
     return kwargs
 
 
