@@ -295,15 +295,8 @@ def target_spec(
         if method != "none":
             raise ValueError(f"factor is required for method {method!r} (e.g. --factor 4)")
         factor = 1.0
-    original = original_max_position_embeddings or native.original_max_position_embeddings
-    return RopeScaling(
-        method,
-        factor,
-        original,
-        native.rope_theta,
-        native.rotary_dim,
-        **{k: v for k, v in knobs.items() if v is not None},
-    )
+    knobs = {k: v for k, v in knobs.items() if v is not None}
+    return native.rescaled(method, factor, original_max_position_embeddings, **knobs)
 
 
 def _scale(

@@ -242,6 +242,23 @@ class RopeScaling:
             return None
         return int(round(self.original_max_position_embeddings * self.factor))
 
+    def rescaled(
+        self,
+        method: str,
+        factor: float,
+        original_max_position_embeddings: int | None = None,
+        **knobs,
+    ) -> RopeScaling:
+        """``method`` at ``factor`` applied to the *unscaled* model this spec describes (its
+        base theta, rotary dim and original context): scaling again never compounds."""
+        original = original_max_position_embeddings or self.original_max_position_embeddings
+        if original is None:
+            raise ValueError(
+                f"original_max_position_embeddings: the config (rope {self.method!r}) does not "
+                "record the original context; pass it explicitly"
+            )
+        return RopeScaling(method, factor, original, self.rope_theta, self.rotary_dim, **knobs)
+
     def describe(self) -> str:
         parts = [self.method, f"factor={self.factor:g}"]
         if self.original_max_position_embeddings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import yarnlib
-from yarnlib.patches.patch import SUPPORTED, patch_state, target_spec
+from yarnlib.patches.patch import SUPPORTED, patch_state
 from yarnlib.spec import METHODS, RopeScaling, canonical_method
 
 
@@ -58,7 +58,7 @@ def check_methods(config, methods: list[Method]) -> RopeScaling:
     native = RopeScaling.from_hf(config)
     for m in methods:
         if m.method != "none":
-            target_spec(native, m.method, m.factor, None, {})
+            native.rescaled(m.method, m.factor)
     return native
 
 

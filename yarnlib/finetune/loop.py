@@ -36,7 +36,6 @@ from yarnlib.finetune.data import PackedRows, tokenize
 from yarnlib.finetune.logs import LOG_FILE, JsonlLog, choose_trackers, peak_memory_gib
 from yarnlib.models import cache_dir, load_config, resolve
 from yarnlib.patches import choose_attn_implementation
-from yarnlib.patches.patch import target_spec
 from yarnlib.spec import RopeScaling, canonical_method
 
 SCHEDULES = {"linear": "linear", "constant": "constant_with_warmup"}
@@ -55,7 +54,7 @@ def rope_spec(config, method: str, factor: float, original: int | None) -> RopeS
     """The spec the run trains with, validated from the config alone (None: RoPE as is)."""
     if canonical_method(method) == "none":
         return None
-    return target_spec(RopeScaling.from_hf(config), method, factor, original, {})
+    return RopeScaling.from_hf(config).rescaled(method, factor, original)
 
 
 def data_parallel(accelerator) -> tuple[int, int]:

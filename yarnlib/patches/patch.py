@@ -97,27 +97,6 @@ def _write_config(config, spec: RopeScaling) -> None:
         delattr(config, convert.MARKER)
 
 
-def target_spec(
-    current: RopeScaling, method: str, factor: float, original: int | None, knobs: dict
-) -> RopeScaling:
-    """The spec to run: always scaled from the unscaled model, never compounded."""
-    if original is None:
-        original = current.original_max_position_embeddings
-    if original is None:
-        raise ValueError(
-            f"original_max_position_embeddings: the config (rope {current.method!r}) does not "
-            "record the original context; pass original_max_position_embeddings="
-        )
-    return RopeScaling(
-        method=method,
-        factor=factor,
-        original_max_position_embeddings=original,
-        rope_theta=current.rope_theta,
-        rotary_dim=current.rotary_dim,
-        **knobs,
-    )
-
-
 def patch(
     model: nn.Module,
     method: str = "yarn",
@@ -136,7 +115,7 @@ def patch(
     owner = rotary_owner(model)
     state = patch_state(model)
     current = state.original_spec if state else RopeScaling.from_hf(model.config)
-    spec = target_spec(current, method, factor, original_max_position_embeddings, knobs)
+    spec = current.rescaled(method, factor, original_max_position_embeddings, **knobs)
     head_dim = head_dim_of(model.config)
     routed = rotation.needs_dispatcher(use_kernel, spec.rotary_dim, head_dim)
     if state and state.spec == spec and state.use_kernel == use_kernel:

@@ -16,19 +16,7 @@ def spec_for_model(
 ) -> RopeScaling:
     """``method`` at ``factor`` on the *unscaled* model in ``model_dir`` (never compounded)."""
     current = RopeScaling.from_hf(read_config_json(model_dir))
-    original = original or current.original_max_position_embeddings
-    if original is None:
-        raise ValueError(
-            f"original_max_position_embeddings: {str(model_dir)!r} does not record the original "
-            "context; pass --original-max-position-embeddings"
-        )
-    return RopeScaling(
-        method=method,
-        factor=factor,
-        original_max_position_embeddings=original,
-        rope_theta=current.rope_theta,
-        rotary_dim=current.rotary_dim,
-    )
+    return current.rescaled(method, factor, original)
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
