@@ -255,3 +255,12 @@ def test_knob_of_another_method_is_an_error():
         RopeScaling("linear", 2, 4096, 1e4, 64, mscale=1.0)
     with pytest.raises(ValueError, match="attention_factor"):
         RopeScaling("ntk_by_parts", 2, 4096, 1e4, 64, attention_factor=1.2)
+
+
+def test_rescaled_starts_from_the_unscaled_model():
+    scaled = RopeScaling("yarn", 4, 4096, 1e6, 128, mscale=1.0, mscale_all_dim=1.0)
+    again = scaled.rescaled("linear", 2)
+    assert again == RopeScaling("linear", 2, 4096, 1e6, 128)
+    assert scaled.rescaled("yarn", 8, 8192).original_max_position_embeddings == 8192
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
+        RopeScaling("linear", 2, None, 1e4, 64).rescaled("yarn", 4)
