@@ -19,7 +19,6 @@ SUBCOMMANDS = [
     "yarnlib.eval.cli",
     "yarnlib.finetune.cli",
     "yarnlib.demo",
-    # more subcommands: one line each (config, vllm-args, check-rollout, eval, finetune, demo)
 ]
 
 
