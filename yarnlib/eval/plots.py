@@ -22,9 +22,12 @@ def plot_perplexity(records: list[dict], original: int | None, path: Path, title
     """Perplexity vs context length, one line per method, the original context marked."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method in dict.fromkeys(r["method"] for r in records):
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    colors = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20").colors
+    for i, method in enumerate(methods):
         rows = sorted((r["length"], r["perplexity"]) for r in records if r["method"] == method)
-        ax.plot([n for n, _ in rows], [p for _, p in rows], marker="o", label=method)
+        xs, ys = [n for n, _ in rows], [p for _, p in rows]
+        ax.plot(xs, ys, marker="o", label=method, color=colors[i % len(colors)])
     if original:
         ax.axvline(original, color="grey", ls="--", lw=1)
         ax.annotate(
@@ -44,7 +47,7 @@ def plot_perplexity(records: list[dict], original: int | None, path: Path, title
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity (log scale)")
     ax.set_title(title or "Perplexity vs context length")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
