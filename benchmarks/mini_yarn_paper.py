@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 import yarnlib
 from yarnlib.chunked_loss import token_nll
-from yarnlib.eval.data import DEFAULT_DATASET
+from yarnlib.documents import DEFAULT_DATASET
 from yarnlib.eval.measure import Meter
 from yarnlib.finetune.cli import check_args, parse_args
 from yarnlib.finetune.data import labels_for

@@ -17,7 +17,7 @@ import torch
 
 from yarnlib.chunked_loss import causal_lm_loss
 from yarnlib.cli import main as yarnlib_main
-from yarnlib.eval.data import load_documents
+from yarnlib.documents import load_documents
 from yarnlib.eval.measure import Meter
 from yarnlib.models import load_smollm2
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from yarnlib.eval.data import DEFAULT_DATASET, load_documents, select_samples
+from yarnlib.documents import DEFAULT_DATASET, load_documents, select_samples
 from yarnlib.eval.methods import check_methods, parse_methods
 from yarnlib.eval.store import CellStore
 from yarnlib.models import load_config, load_model, resolve

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from yarnlib.chunked_loss import IGNORE_INDEX, shift_labels
-from yarnlib.eval.data import load_documents
+from yarnlib.documents import load_documents
 
 
 def _source_fingerprint(source: str) -> object:

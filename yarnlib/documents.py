@@ -1,4 +1,4 @@
-"""Documents for perplexity: a ``datasets`` id, or local ``.txt`` / ``.jsonl`` / ``.parquet``
+"""Documents for the evaluations and fine-tuning: a ``datasets`` id, or local ``.txt`` / ``.jsonl`` / ``.parquet``
 files and folders of them (a plain text file is one document)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 # The shared data folder sits beside the repository (../shared/data from its root).
 DEFAULT_DATASET = REPO_ROOT.parent / "shared" / "data" / "shakespeare"
 SUFFIXES = (".txt", ".jsonl", ".parquet")
