@@ -17,7 +17,6 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from yarnlib.convert import (
     rotary_dim_of,
     to_hf,
 )
+from yarnlib.json_text import JsonText, undo
 from yarnlib.spec import RopeScaling, canonical_method
 
 CONFIG, TOKENIZER, GENERATION = "config.json", "tokenizer_config.json", "generation_config.json"
@@ -70,115 +70,6 @@ class Change:
     @property
     def changed(self) -> bool:
         return self.before != self.after
-
-
-# -- editing JSON text ------------------------------------------------------------------------
-
-_DECODER = json.JSONDecoder()
-_WS = re.compile(r"[ \t\r\n]*")
-
-
-def _members(text: str) -> dict[str, tuple[int, int, int]]:
-    """Top-level members of a valid JSON object: key -> (key start, value start, value end)."""
-    i = _WS.match(text, text.index("{") + 1).end()
-    out: dict[str, tuple[int, int, int]] = {}
-    while text[i] != "}":
-        key, colon = json.decoder.scanstring(text, i + 1)
-        value_start = _WS.match(text, _WS.match(text, colon).end() + 1).end()
-        _, end = _DECODER.raw_decode(text, value_start)
-        out[key] = (i, value_start, end)
-        i = _WS.match(text, end).end()
-        if text[i] == ",":
-            i = _WS.match(text, i + 1).end()
-    return out
-
-
-class _Doc:
-    """A JSON object's text, edited member by member, recording how to undo each edit."""
-
-    def __init__(self, text: str):
-        self.text = text
-        match = re.match(r"\s*\{(\r?\n)([ \t]*)\S", text)
-        self.newline, self.indent = match.groups() if match else ("\n", None)
-        self.values: dict[str, Any] = {}  # original values of replaced members
-        self.texts: dict[str, str] = {}  # their exact text, where re-serialising differs
-        self.added: list[str] = []
-        self.removed: list[dict[str, Any]] = []  # {"after": key or None, "text": chunk}
-
-    def set(self, key: str, value: Any) -> None:
-        members = _members(self.text)
-        if key not in members:
-            end = max(m[2] for m in members.values())
-            sep = ", " if self.indent is None else "," + self.newline + self.indent
-            entry = f"{sep}{json.dumps(key)}: {self.dump(value)}"
-            self.text = self.text[:end] + entry + self.text[end:]
-            self.added.append(key)
-            return
-        _, start, end = members[key]
-        old_text = self.text[start:end]
-        old = json.loads(old_text)
-        if old == value:
-            return
-        self.values[key] = old
-        if self.dump(old) != old_text:
-            self.texts[key] = old_text
-        self.replace(key, self.dump(value))
-
-    def dump(self, value: Any) -> str:
-        """``value`` as a top-level member in this file's style."""
-        if self.indent is None:
-            return json.dumps(value, ensure_ascii=False)
-        text = json.dumps(value, indent=self.indent, ensure_ascii=False)
-        return text.replace("\n", self.newline + self.indent)
-
-    def replace(self, key: str, value_text: str) -> None:
-        _, start, end = _members(self.text)[key]
-        self.text = self.text[:start] + value_text + self.text[end:]
-
-    def remove(self, key: str) -> None:
-        """Cut the member with the separator before it (after the first one), or after it."""
-        members = list(_members(self.text).items())
-        index = [k for k, _ in members].index(key)
-        key_start, _, end = members[index][1]
-        if index:
-            after, start = members[index - 1][0], members[index - 1][1][2]
-        else:
-            after, start = None, key_start
-            if len(members) > 1:
-                end = members[1][1][0]
-        self.removed.append({"after": after, "text": self.text[start:end]})
-        self.text = self.text[:start] + self.text[end:]
-
-    def insert(self, chunk: str, after: str | None) -> None:
-        members = _members(self.text)
-        if after is None:
-            pos = min(m[0] for m in members.values())
-        else:  # a missing anchor (edited away since) appends at the end
-            pos = members[after][2] if after in members else max(m[2] for m in members.values())
-        self.text = self.text[:pos] + chunk + self.text[pos:]
-
-    def record(self) -> dict[str, Any]:
-        record = {
-            "values": self.values,
-            "texts": self.texts,
-            "added": self.added,
-            "removed": self.removed,
-        }
-        return {k: v for k, v in record.items() if v}
-
-
-def _undo(text: str, record: dict[str, Any]) -> str:
-    doc = _Doc(text)
-    present = _members(text)
-    for key in reversed(record.get("added", [])):
-        if key in present:
-            doc.remove(key)
-    for key, value in record.get("values", {}).items():
-        if key in present:
-            doc.replace(key, record.get("texts", {}).get(key) or doc.dump(value))
-    for item in reversed(record.get("removed", [])):
-        doc.insert(item["text"], item["after"])
-    return doc.text
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -232,13 +123,13 @@ def native_files(texts: dict[str, str]) -> dict[str, str]:
     record = config.get(RECORD)
     if isinstance(record, dict):
         try:
-            native = {name: _undo(text, record.get(name, {})) for name, text in texts.items()}
+            native = {name: undo(text, record.get(name, {})) for name, text in texts.items()}
         except (AttributeError, KeyError, TypeError, ValueError):
             raise ValueError(
                 f"{CONFIG}: the record {RECORD!r} is damaged; delete the keys {RECORD!r} and "
                 f"{MARKER!r} to take the file as it is now"
             ) from None
-        doc = _Doc(native[CONFIG])
+        doc = JsonText(native[CONFIG])
         doc.remove(RECORD)
         native[CONFIG] = doc.text
         # Undoing and redoing must give the file as it is: otherwise someone edited the keys
@@ -265,7 +156,7 @@ def native_files(texts: dict[str, str]) -> dict[str, str]:
         )
         native = dict(texts)
         native[CONFIG] = _scale(texts, unscaled, file_format(config), record=False)[CONFIG]
-        doc = _Doc(native[CONFIG])
+        doc = JsonText(native[CONFIG])
         doc.remove(MARKER)
         native[CONFIG] = doc.text
         return native
@@ -304,7 +195,7 @@ def _scale(
 ) -> dict[str, str]:
     """The files that run ``spec``, edited from the native files."""
     config = json.loads(native[CONFIG])
-    doc = _Doc(native[CONFIG])
+    doc = JsonText(native[CONFIG])
     for key in ("rope_parameters",) if format == "v4" else ("rope_scaling", "rope_theta"):
         if key in config:
             doc.remove(key)
@@ -331,7 +222,7 @@ def _scale(
         if not isinstance(current, int) or isinstance(current, bool) or current >= UNLIMITED:
             continue
         if current < extended or (current != extended and not only_raise):
-            other = _Doc(native[name])
+            other = JsonText(native[name])
             other.set(key, extended)
             out[name] = other.text
             records[name] = other.record()

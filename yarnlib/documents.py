@@ -1,5 +1,5 @@
-"""Documents for the evaluations and fine-tuning: a ``datasets`` id, or local ``.txt`` / ``.jsonl`` / ``.parquet``
-files and folders of them (a plain text file is one document)."""
+"""Documents for the evaluations and fine-tuning: a ``datasets`` id, or local ``.txt`` /
+``.jsonl`` / ``.parquet`` files and folders of them (a plain text file is one document)."""
 
 from __future__ import annotations
 
