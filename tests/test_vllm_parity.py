@@ -87,24 +87,6 @@ def test_cli_on_a_rewritten_folder_without_overrides(results):
 # -- the worker ------------------------------------------------------------------------------
 
 
-def plain_logprobs(model_dir, ids, kwargs):
-    """vLLM prompt log-probs before the plugin is registered in this process."""
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(
-        model=str(model_dir),
-        dtype="float32",
-        enforce_eager=True,
-        skip_tokenizer_init=True,
-        seed=0,
-        **kwargs,
-    )
-    params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-    result = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
-    del llm
-    return [row[t].logprob for row, t in zip(result.prompt_logprobs[1:], ids[1:], strict=True)]
-
-
 def worker(out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_models import tiny_model
@@ -121,7 +103,9 @@ def worker(out: Path) -> None:
     # A plain model run past L needs a larger limit; this is no rope override.
     plain_kwargs = {"hf_overrides": {"max_position_embeddings": 1024}, "max_model_len": 1024}
     ids = check_rollout.prompt_ids(llama, LENGTH, 0, None)
-    results = {"plain": {"without_plugin": plain_logprobs(llama, ids, plain_kwargs)}}
+    # before the plugin is registered in this process (the test runs with VLLM_PLUGINS="")
+    without = check_rollout.vllm_logprobs(llama, ids, plain_kwargs, register_plugin=False)
+    results = {"plain": {"without_plugin": without.tolist()}}
     with_plugin = check_rollout.vllm_logprobs(llama, ids, plain_kwargs)  # registers the plugin
     results["plain"]["with_plugin"] = with_plugin.tolist()
 

@@ -68,14 +68,17 @@ def transformers_logprobs(
     return torch.cat(out)
 
 
-def vllm_logprobs(model_dir, ids: list[int], kwargs: dict[str, Any]) -> torch.Tensor:
+def vllm_logprobs(
+    model_dir, ids: list[int], kwargs: dict[str, Any], register_plugin: bool = True
+) -> torch.Tensor:
     # In-process engine: the plugin registered here also serves an uninstalled checkout.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
 
     from yarnlib.vllm import plugin
 
-    plugin.register()
+    if register_plugin:
+        plugin.register()
     llm = LLM(
         model=str(model_dir),
         dtype="float32",
