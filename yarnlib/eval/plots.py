@@ -44,6 +44,11 @@ def plot_perplexity(records: list[dict], original: int | None, path: Path, title
     ax.set_xticks(lengths, [_tokens(n) for n in lengths])
     ax.minorticks_off()
     ax.set_yscale("log")
+    from matplotlib.ticker import FormatStrFormatter
+
+    # plain numbers on the log axis (matplotlib writes 3.4×10¹ otherwise)
+    for axis_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis_formatter(FormatStrFormatter("%g"))
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity (log scale)")
     ax.set_title(title or "Perplexity vs context length")
