@@ -6,6 +6,8 @@ from typing import NamedTuple
 
 import torch
 
+from yarnlib.kernels.tables import half_cos_sin
+
 
 class Angles(NamedTuple):
     """Where the angle of token ``(b, s)`` and frequency ``i`` comes from (both backends).
@@ -32,10 +34,7 @@ def cos_sin(angles: Angles, seq: int, dtype: torch.dtype, device: torch.device):
             cos, sin = cos[0][rows], sin[0][rows]
     else:
         rows = angles.pos if angles.pos is not None else torch.arange(seq, device=device)[None]
-        # Same operations as transformers' rotary embedding: float32 angles, then the factor.
-        freqs = rows[..., None].float() * angles.inv_freq
-        cos = freqs.cos() * angles.attention_factor
-        sin = freqs.sin() * angles.attention_factor
+        cos, sin = half_cos_sin(angles.inv_freq, angles.attention_factor, rows)
     return cos.to(dtype)[:, :, None, :], sin.to(dtype)[:, :, None, :]
 
 

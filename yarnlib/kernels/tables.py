@@ -37,6 +37,18 @@ def rotary_cos_sin(
     return cos_sin(inv_freq, attention_factor, position_ids, dtype)
 
 
+def half_cos_sin(
+    inv_freq: torch.Tensor, attention_factor: float, position_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``(cos, sin)`` with one column per frequency, ``[*position_ids.shape, d // 2]``:
+    the angle ``float32(position) * inv_freq`` and its cos/sin times ``attention_factor``.
+    Every table yarnlib builds (transformers', vLLM's, the kernels' torch path) starts here."""
+    with torch.autocast(device_type=position_ids.device.type, enabled=False):
+        inv_freq = inv_freq.to(device=position_ids.device, dtype=torch.float32)
+        angles = position_ids[..., None].float() * inv_freq
+        return angles.cos() * attention_factor, angles.sin() * attention_factor
+
+
 def cos_sin(
     inv_freq: torch.Tensor,
     attention_factor: float,
@@ -44,10 +56,6 @@ def cos_sin(
     dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Steps 2–5 of ``rotary_cos_sin`` for frequencies already computed (and cached)."""
-    with torch.autocast(device_type=position_ids.device.type, enabled=False):
-        inv_freq = inv_freq.to(device=position_ids.device, dtype=torch.float32)
-        freqs = position_ids[..., None].float() * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = emb.cos() * attention_factor
-        sin = emb.sin() * attention_factor
-    return cos.to(dtype), sin.to(dtype)
+    cos, sin = half_cos_sin(inv_freq, attention_factor, position_ids)
+    # cos(cat(a, a)) == cat(cos(a), cos(a)) element for element: transformers' layout, same bits
+    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((sin, sin), dim=-1).to(dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
+from yarnlib.kernels.tables import half_cos_sin
 from yarnlib.spec import RopeScaling
 
 
@@ -17,12 +18,10 @@ class YarnlibRotaryEmbedding(RotaryEmbedding):
         super().__init__(head_size, spec.rotary_dim, cache_len, spec.rope_theta, neox, dtype)
 
     def _compute_cos_sin_cache(self) -> torch.Tensor:
-        freqs = self.spec.frequencies(self.scale_len)
-        # float32 angles, one product per entry, as transformers and vLLM's yarn compute them
-        positions = torch.arange(self.max_position_embeddings, dtype=torch.float32)
-        angles = torch.outer(positions, freqs.inv_freq)
-        scale = freqs.attention_factor
-        return torch.cat((angles.cos() * scale, angles.sin() * scale), dim=-1)
+        inv_freq, attention_factor = self.spec.frequencies(self.scale_len)
+        positions = torch.arange(self.max_position_embeddings)
+        # vLLM's cache layout: [positions, cos of each frequency | sin of each frequency]
+        return torch.cat(half_cos_sin(inv_freq, attention_factor, positions), dim=-1)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, yarnlib={self.spec.describe()}, scale_len={self.scale_len}"
