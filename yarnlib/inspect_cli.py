@@ -8,18 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from yarnlib.config_files import current_spec
 from yarnlib.frequencies import base_inv_freq, extrapolation_weight
 from yarnlib.spec import METHODS, RAMP_METHODS, RopeScaling
-
-
-def read_config_json(model_dir: str | Path) -> dict[str, Any]:
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise ValueError(f"model_dir: no config.json in {str(model_dir)!r}")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: malformed JSON at line {error.lineno}: {error.msg}") from None
 
 
 def dimension_table(spec: RopeScaling, seq_len: int | None = None) -> list[dict[str, Any]]:
@@ -131,7 +122,7 @@ def spec_from_args(args: argparse.Namespace) -> RopeScaling:
         "rotary_dim": args.rotary_dim,
     }
     if args.model_dir:
-        spec = RopeScaling.from_hf(read_config_json(args.model_dir))
+        spec = current_spec(args.model_dir)
         changes = {k: v for k, v in given.items() if v is not None}
         if args.method and spec.method == "none" and args.original_max_position_embeddings is None:
             changes.setdefault("original_max_position_embeddings", spec.max_position_embeddings)

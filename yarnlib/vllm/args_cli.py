@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from yarnlib.inspect_cli import read_config_json
+from yarnlib.config_files import current_spec
 from yarnlib.spec import METHODS, RopeScaling
 from yarnlib.vllm.kwargs import llm_kwargs, serve_command
 
@@ -15,8 +15,7 @@ def spec_for_model(
     model_dir: str | Path, method: str, factor: float, original: int | None = None
 ) -> RopeScaling:
     """``method`` at ``factor`` on the *unscaled* model in ``model_dir`` (never compounded)."""
-    current = RopeScaling.from_hf(read_config_json(model_dir))
-    return current.rescaled(method, factor, original)
+    return current_spec(model_dir).rescaled(method, factor, original)
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
