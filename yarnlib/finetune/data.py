@@ -59,10 +59,6 @@ class TokenStream:
     doc_starts: torch.Tensor  # int64 [documents], ascending, first is 0
     key: str  # the cache key: identifies the data in checkpoints
 
-    @property
-    def num_documents(self) -> int:
-        return self.doc_starts.numel()
-
 
 def tokenize(
     sources: list[str],
