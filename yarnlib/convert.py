@@ -101,16 +101,23 @@ def to_vllm(spec: RopeScaling) -> dict[str, Any]:
         raise ValueError(
             f"method {spec.method!r} has no native vLLM equivalent (vLLM's 'dynamic' rope is "
             "static: it fixes the scale at max_model_len); natively vLLM runs: none, linear, "
-            "ntk, ntk_by_parts, yarn"
+            "ntk, ntk_by_parts, yarn; for this one use yarnlib.vllm.llm_kwargs (yarnlib's plugin)"
         )
-    params = native_rope_parameters(spec)
+    return vllm_kwargs(spec, native_rope_parameters(spec))
+
+
+def vllm_kwargs(spec: RopeScaling, rope_parameters: dict[str, Any]) -> dict[str, Any]:
+    """``hf_overrides`` and ``max_model_len`` running ``rope_parameters`` for ``spec``."""
     # A dict-valued override replaces vLLM's whole rope_parameters: without rope_theta
     # inside it, theta silently falls back to 10000.
-    overrides: dict[str, Any] = {"rope_parameters": params, "rope_theta": params["rope_theta"]}
+    overrides: dict[str, Any] = {
+        "rope_parameters": rope_parameters,
+        "rope_theta": rope_parameters["rope_theta"],
+    }
     kwargs: dict[str, Any] = {"hf_overrides": overrides}
     if spec.max_position_embeddings is not None:
-        # The key as config.json has it (vLLM multiplies it by factor for linear, and does
-        # not for yarn), and the extended length said outright.
+        # The key as config.json has it (vLLM multiplies it by factor for linear and for
+        # types it does not know, and does not for yarn), and the extended length outright.
         overrides["max_position_embeddings"] = config_max_position_embeddings(spec)
         kwargs["max_model_len"] = spec.max_position_embeddings
     return kwargs

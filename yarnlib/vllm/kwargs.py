@@ -40,15 +40,7 @@ def llm_kwargs(spec: RopeScaling, max_model_len: int | None = None) -> dict[str,
     if not spec.is_dynamic:
         kwargs = convert.to_vllm(spec)
     else:
-        params = plugin_rope_parameters(spec)
-        # max_position_embeddings stays L, as in config.json: vLLM multiplies it by `factor`
-        # for rope types it does not know, which gives the same limit L × s.
-        overrides = {
-            "rope_parameters": params,
-            "rope_theta": spec.rope_theta,
-            "max_position_embeddings": convert.config_max_position_embeddings(spec),
-        }
-        kwargs = {"hf_overrides": overrides, "max_model_len": spec.max_position_embeddings}
+        kwargs = convert.vllm_kwargs(spec, plugin_rope_parameters(spec))
     if max_model_len is not None:
         if isinstance(max_model_len, bool) or not isinstance(max_model_len, int):
             raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
