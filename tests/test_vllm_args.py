@@ -27,6 +27,7 @@ def test_kwargs_carry_theta_and_limits(method):
         assert overrides["rope_parameters"]["rope_type"] == PLUGIN_TYPES[method]
         # as in config.json: vLLM multiplies L by factor for types it does not know
         assert overrides["max_position_embeddings"] == 4096
+        assert overrides["rope_parameters"]["fixed_scale_length"] == 4096 * 4
     else:
         assert kwargs == convert.to_vllm(spec(method))
 
@@ -35,6 +36,12 @@ def test_dynamic_yarn_keeps_knobs_and_config_type():
     params = llm_kwargs(spec("dynamic_yarn", beta_fast=16.0))["hf_overrides"]["rope_parameters"]
     assert params["rope_type"] == convert.HF_DYNAMIC_YARN and params["beta_fast"] == 16.0
     assert spec_from_rope_parameters(params, 128) == spec("dynamic_yarn", beta_fast=16.0)
+
+
+def test_dynamic_scale_fixed_at_max_model_len():
+    kwargs = llm_kwargs(spec("dynamic_ntk"), max_model_len=9000)
+    assert kwargs["max_model_len"] == 9000
+    assert kwargs["hf_overrides"]["rope_parameters"]["fixed_scale_length"] == 9000
 
 
 @pytest.mark.parametrize("bad", [0, -5, 16385, 2.5, True])
@@ -48,6 +55,22 @@ def test_plugin_refuses_missing_theta():
     del params["rope_theta"]
     with pytest.raises(ValueError, match="rope_theta"):
         spec_from_rope_parameters(params, 128)
+
+
+@pytest.mark.parametrize("bad", [None, 0, -1, 2048.0, True, "2048"])
+def test_plugin_refuses_without_a_fixed_scale_length(plugin_get_rope, bad):
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+
+    _, wrapped = plugin_get_rope
+    params = llm_kwargs(spec("dynamic_yarn"))["hf_overrides"]["rope_parameters"]
+    if bad is None:
+        del params["fixed_scale_length"]  # what config.json of a dynamic_yarn checkpoint has
+    else:
+        params["fixed_scale_length"] = bad
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        with pytest.raises(ValueError, match="rope_parameters.fixed_scale_length") as error:
+            wrapped(128, 16384, True, params, torch.float32)
+    assert ("missing" if bad is None else repr(bad)) in str(error.value)
 
 
 @pytest.fixture
@@ -141,15 +164,19 @@ def test_plugin_leaves_native_types_alone(plugin_get_rope):
 
 
 @pytest.mark.parametrize("method", ["dynamic_ntk", "dynamic_yarn"])
-def test_plugin_table_is_the_spec_at_the_engine_length(plugin_get_rope, method):
+@pytest.mark.parametrize("max_position, scale_len", [(4096, 12000), (16384, 12000)])
+def test_plugin_table_is_the_spec_at_the_fixed_length(
+    plugin_get_rope, method, max_position, scale_len
+):
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 
     _, wrapped = plugin_get_rope
-    params = llm_kwargs(spec(method))["hf_overrides"]["rope_parameters"]
+    params = llm_kwargs(spec(method), max_model_len=scale_len)["hf_overrides"]["rope_parameters"]
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
-        rope = wrapped(128, 12000, True, params, torch.float32)  # no model config: 12000
-    inv_freq, factor = spec(method).frequencies(12000)
-    angles = torch.arange(12000, dtype=torch.float32)[:, None] * inv_freq
+        rope = wrapped(128, max_position, True, params, torch.float32)  # no model config
+    inv_freq, factor = spec(method).frequencies(scale_len)  # float32, no table code involved
+    positions = max(max_position, scale_len)  # the table covers every position asked for
+    angles = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq
     expected = torch.cat((angles.cos() * factor, angles.sin() * factor), dim=-1)
     assert torch.equal(rope.cos_sin_cache, expected)
 

@@ -84,6 +84,12 @@ def test_cli_on_a_rewritten_folder_without_overrides(results):
     assert results["cli"]["report"]["passed"]
 
 
+def test_dynamic_folder_without_fixed_length_is_refused(results):
+    error = results["dynamic_as_is"]
+    assert error is not None, "vLLM ran a dynamic method without a fixed scale length"
+    assert "rope_parameters.fixed_scale_length: missing" in error and "vllm-args" in error
+
+
 # -- the worker ------------------------------------------------------------------------------
 
 
@@ -144,6 +150,18 @@ def worker(out: Path) -> None:
     ]
     rc = cli.main(args)
     results["cli"] = {"rc": rc, "report": json.loads((out / "cli.json").read_text())}
+    # A dynamic_yarn folder loaded as is: config.json names no fixed length, vLLM must refuse.
+    dynamic = out / "llama-dynamic-yarn"
+    config_files.apply(
+        llama,
+        config_files.plan(llama, spec_for_model(llama, "dynamic_yarn", FACTOR)),
+        output=dynamic,
+    )
+    try:
+        check_rollout.vllm_logprobs(dynamic, ids, {"max_model_len": 1024})
+        results["dynamic_as_is"] = None
+    except Exception as error:  # whatever vLLM wraps it in, the message must reach the user
+        results["dynamic_as_is"] = f"{type(error).__name__}: {error}"
     (out / "results.json").write_text(json.dumps(results))
     for name, report in reports.items():  # shown by `python tests/test_vllm_parity.py DIR`
         print(

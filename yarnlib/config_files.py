@@ -444,7 +444,8 @@ def show(model_dir: str | Path) -> dict[str, Any]:
     elif rope_type == HF_DYNAMIC_YARN:
         problems.append(
             f"rope_type {rope_type!r} loads in transformers only after `import yarnlib`, and "
-            "in vLLM only with yarnlib's vLLM plugin"
+            "in vLLM only with yarnlib's vLLM plugin and the hf_overrides of `yarnlib "
+            "vllm-args` (which fix the scale at one length)"
         )
     if extended is not None and max_model_len != extended:
         problems.append(

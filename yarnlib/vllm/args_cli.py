@@ -8,7 +8,7 @@ from pathlib import Path
 
 from yarnlib.config_files import current_spec
 from yarnlib.spec import METHODS, RopeScaling
-from yarnlib.vllm.kwargs import llm_kwargs, serve_command
+from yarnlib.vllm.kwargs import FIXED_SCALE_LENGTH, llm_kwargs, serve_command
 
 
 def spec_for_model(
@@ -41,8 +41,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"# {spec.describe()}")
     if spec.is_dynamic:
         print(
-            "# needs the yarnlib vLLM plugin (installed with yarnlib); vLLM fixes the scale "
-            f"at max_model_len={kwargs['max_model_len']} (s = max_model_len / L)"
+            "# needs the yarnlib vLLM plugin (installed with yarnlib); vLLM cannot rescale per "
+            "request, so the scale is fixed at fixed_scale_length="
+            f"{kwargs['hf_overrides']['rope_parameters'][FIXED_SCALE_LENGTH]} tokens"
         )
     shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
     print(f"LLM(model={args.model_dir!r}, {shown})")

@@ -19,7 +19,7 @@ import torch
 
 from yarnlib.spec import RopeScaling
 from yarnlib.vllm.args_cli import add_spec_arguments, spec_for_model
-from yarnlib.vllm.kwargs import llm_kwargs
+from yarnlib.vllm.kwargs import FIXED_SCALE_LENGTH, llm_kwargs
 
 
 def prompt_ids(model_dir: str | Path, length: int, seed: int, text_file: str | None) -> list[int]:
@@ -56,7 +56,7 @@ def transformers_logprobs(
         **spec.knobs(),
     )
     tokens = torch.tensor([ids])
-    # vLLM fixes a dynamic scale at max_model_len; declare that length here too.
+    # vLLM runs a dynamic method at the scale of one length; declare that length here too.
     with yarnlib.declare_length(model, scale_len):
         hidden = model.model(input_ids=tokens).last_hidden_state[0, :-1]
     targets = tokens[0, 1:]
@@ -122,7 +122,10 @@ def compare(
             f"length must be < max_model_len ({engine_len}) so vLLM can add one token, got {length}"
         )
     ids = prompt_ids(model_dir, length, seed, prompt_file)
-    expected = transformers_logprobs(model_dir, spec, ids, engine_len)
+    # The length whose scale vLLM runs a dynamic method at; the transformers side declares it.
+    rope_parameters = kwargs.get("hf_overrides", {}).get("rope_parameters") or {}
+    scale_len = rope_parameters.get(FIXED_SCALE_LENGTH, engine_len)
+    expected = transformers_logprobs(model_dir, spec, ids, scale_len)
     got = vllm_logprobs(model_dir, ids, kwargs)
     delta = (got - expected).abs()
     original = spec.original_max_position_embeddings

@@ -14,17 +14,21 @@ from yarnlib import convert
 from yarnlib.spec import RopeScaling
 
 # rope_type of each method vLLM runs through the plugin. dynamic_yarn keeps the type it has
-# in config.json, so a rewritten checkpoint needs no override; dynamic_ntk gets its own type
-# because vLLM's native "dynamic" (which config.json uses for transformers) must stay vLLM's.
+# in config.json (one name per method everywhere); dynamic_ntk gets its own type because
+# vLLM's native "dynamic" (which config.json uses for transformers) must stay vLLM's.
 PLUGIN_TYPES = {"dynamic_yarn": convert.HF_DYNAMIC_YARN, "dynamic_ntk": "yarnlib_dynamic_ntk"}
+# vLLM cannot rescale per request, so a plugin type must name the one sequence length whose
+# scale it runs (see plugin.py); the plugin refuses a config without it.
+FIXED_SCALE_LENGTH = "fixed_scale_length"
 
 
-def plugin_rope_parameters(spec: RopeScaling) -> dict[str, Any]:
+def plugin_rope_parameters(spec: RopeScaling, fixed_scale_length: int) -> dict[str, Any]:
     params = {
         "rope_type": PLUGIN_TYPES[spec.method],
         "rope_theta": spec.rope_theta,
         "factor": spec.factor,
         "original_max_position_embeddings": spec.original_max_position_embeddings,
+        FIXED_SCALE_LENGTH: fixed_scale_length,
     }
     params.update(spec.knobs())
     return params
@@ -34,13 +38,10 @@ def llm_kwargs(spec: RopeScaling, max_model_len: int | None = None) -> dict[str,
     """``hf_overrides`` (always with ``rope_theta`` and the raised ``max_position_embeddings``)
     and ``max_model_len`` (default L × s) for ``vllm.LLM``.
 
-    For dynamic methods the plugin fixes the scale at ``max_model_len`` when the engine
-    starts: vLLM then runs ``spec`` as transformers does on a sequence of that length.
+    For dynamic methods the overrides fix the scale at ``max_model_len``
+    (``fixed_scale_length``): vLLM then runs ``spec`` as transformers does on a sequence of
+    that length.
     """
-    if not spec.is_dynamic:
-        kwargs = convert.to_vllm(spec)
-    else:
-        kwargs = convert.vllm_kwargs(spec, plugin_rope_parameters(spec))
     if max_model_len is not None:
         if isinstance(max_model_len, bool) or not isinstance(max_model_len, int):
             raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
@@ -49,6 +50,12 @@ def llm_kwargs(spec: RopeScaling, max_model_len: int | None = None) -> dict[str,
             raise ValueError(
                 f"max_model_len must be in 1..{limit} (original × factor), got {max_model_len!r}"
             )
+    if not spec.is_dynamic:
+        kwargs = convert.to_vllm(spec)
+    else:
+        length = max_model_len or spec.max_position_embeddings
+        kwargs = convert.vllm_kwargs(spec, plugin_rope_parameters(spec, length))
+    if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
     return kwargs
 

@@ -10,9 +10,10 @@ so a model that names no yarnlib type gets exactly the object it got before.
 Dynamic scaling: vLLM's rotary layer sees token positions only, never the request they
 belong to, and reads one cos/sin table per layer; the prefix cache also shares KV blocks
 between requests by token ids alone. A per-request scale therefore cannot be expressed
-without changing vLLM's model runner. The plugin fixes the scale once, when the engine
-starts, at ``max_model_len`` (the length transformers would see for a full-length
-sequence): dynamic_yarn with max_model_len M runs as static yarn with factor M / L.
+without changing vLLM's model runner. So the plugin refuses a yarnlib type unless its
+``rope_parameters`` name the one sequence length whose scale every request runs
+(``fixed_scale_length``; ``llm_kwargs`` writes max_model_len there): dynamic_yarn fixed at
+M runs as static yarn with factor M / L, as transformers does on a sequence of M tokens.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 from typing import Any
 
 from yarnlib.spec import YARN_KNOB_DEFAULTS, RopeScaling
-from yarnlib.vllm.kwargs import PLUGIN_TYPES
+from yarnlib.vllm.kwargs import FIXED_SCALE_LENGTH, PLUGIN_TYPES
 
 logger = logging.getLogger(__name__)
 METHOD_OF_TYPE = {rope_type: method for method, rope_type in PLUGIN_TYPES.items()}
@@ -50,6 +51,24 @@ def spec_from_rope_parameters(params: dict[str, Any], rotary_dim: int) -> RopeSc
     )
 
 
+def fixed_scale_length(params: dict[str, Any]) -> int:
+    length = params.get(FIXED_SCALE_LENGTH)
+    if length is None:
+        raise ValueError(
+            f"rope_parameters.{FIXED_SCALE_LENGTH}: missing for rope_type "
+            f"{params['rope_type']!r}. vLLM cannot rescale per request (its rotary layer sees "
+            "positions, not requests), so yarnlib runs a dynamic method at the scale of one "
+            f'sequence length that you name: add "{FIXED_SCALE_LENGTH}": N (normally '
+            "max_model_len) to rope_parameters, as the hf_overrides printed by `yarnlib "
+            "vllm-args MODEL_DIR --method METHOD --factor F` do"
+        )
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(
+            f"rope_parameters.{FIXED_SCALE_LENGTH}: must be a positive integer, got {length!r}"
+        )
+    return length
+
+
 def engine_max_model_len() -> int | None:
     from vllm.config import get_current_vllm_config
 
@@ -65,19 +84,18 @@ def yarnlib_rope(head_size, max_position, is_neox_style, rope_parameters, dtype)
     partial = rope_parameters.get("partial_rotary_factor", 1.0)
     rotary_dim = rope_parameters.get("rope_dim") or int(head_size * partial)
     spec = spec_from_rope_parameters(rope_parameters, rotary_dim)
-    scale_len = engine_max_model_len() or max_position
+    scale_len = fixed_scale_length(rope_parameters)
+    # The model passes config.max_position_embeddings (L for these types); positions reach
+    # max_model_len.
+    cache_len = max(max_position, scale_len, engine_max_model_len() or 0)
     dtype = dtype or torch.get_default_dtype()
-    key = (spec, head_size, max(max_position, scale_len), scale_len, is_neox_style, dtype)
+    key = (spec, head_size, cache_len, scale_len, is_neox_style, dtype)
     if key not in _ROTARY_CACHE:  # one table shared by all layers, as vLLM does
-        logger.warning(
-            "yarnlib: %s runs with its scale fixed at max_model_len=%d (vLLM cannot scale "
-            "per request); this equals transformers on a sequence of %d tokens",
-            spec.describe(),
-            scale_len,
-            scale_len,
+        logger.info(
+            "yarnlib: %s runs with its scale fixed at %d tokens", spec.describe(), scale_len
         )
         _ROTARY_CACHE[key] = YarnlibRotaryEmbedding(
-            spec, scale_len, head_size, key[2], is_neox_style, dtype
+            spec, scale_len, head_size, cache_len, is_neox_style, dtype
         )
     return _ROTARY_CACHE[key]
 
