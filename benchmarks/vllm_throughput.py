@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="requests per round")
     parser.add_argument("--prompt-len", type=int, default=640, help="tokens per prompt (> L)")
     parser.add_argument("--max-tokens", type=int, default=128, help="generated tokens each")
-    parser.add_argument("--pairs", type=int, default=12, help="timed A/B round pairs")
+    parser.add_argument("--pairs", type=int, default=24, help="timed A/B round pairs")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--compile", action="store_true", help="let vLLM compile (default: eager)")
     parser.add_argument("--out", type=Path, help="JSON file (default: next to this script)")
