@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from yarnlib.frequencies import ntk_theta
-from yarnlib.spec import RAMP_METHODS, YARN_KNOB_DEFAULTS, RopeScaling
+from yarnlib.spec import RAMP_METHODS, STATIC_METHODS, YARN_KNOB_DEFAULTS, RopeScaling
 
 MARKER = "yarnlib_rope_scaling"
 HF_DYNAMIC_YARN = "yarnlib_dynamic_yarn"
@@ -100,8 +100,9 @@ def to_vllm(spec: RopeScaling) -> dict[str, Any]:
     if spec.is_dynamic:
         raise ValueError(
             f"method {spec.method!r} has no native vLLM equivalent (vLLM's 'dynamic' rope is "
-            "static: it fixes the scale at max_model_len); natively vLLM runs: none, linear, "
-            "ntk, ntk_by_parts, yarn; for this one use yarnlib.vllm.llm_kwargs (yarnlib's plugin)"
+            "static: it fixes the scale at max_model_len); natively vLLM runs: "
+            f"{', '.join(STATIC_METHODS)}; for this one use yarnlib.vllm.llm_kwargs (yarnlib's "
+            "plugin)"
         )
     return vllm_kwargs(spec, native_rope_parameters(spec))
 

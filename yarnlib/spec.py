@@ -22,6 +22,7 @@ ALIASES = {
 # Methods whose frequencies depend on the original (pre-training) context length.
 NEEDS_ORIGINAL = frozenset({"dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn"})
 DYNAMIC = frozenset({"dynamic_ntk", "dynamic_yarn"})
+STATIC_METHODS = tuple(m for m in METHODS if m not in DYNAMIC)
 RAMP_METHODS = frozenset({"ntk_by_parts", "yarn", "dynamic_yarn"})
 YARN_METHODS = frozenset({"yarn", "dynamic_yarn"})
 YARN_KNOB_DEFAULTS = {

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from yarnlib.spec import RopeScaling
+from yarnlib.spec import STATIC_METHODS, RopeScaling
 
 
 def load(cfg: Mapping[str, Any] | str | Path) -> dict[str, Any]:
@@ -42,9 +42,9 @@ def require_static(spec: RopeScaling, framework: str) -> None:
     if spec.is_dynamic:
         raise ValueError(
             f"method {spec.method!r}: in {framework} GRPO the transformers actor would scale each "
-            "batch by its own length while vLLM fixes the scale at max_model_len; use a static "
-            "method (e.g. yarn with factor = max_model_len / original): none, linear, ntk, "
-            "ntk_by_parts, yarn"
+            "batch by its own length while vLLM fixes the scale at one length; use a static "
+            "method (e.g. yarn with factor = max_model_len / original): "
+            f"{', '.join(STATIC_METHODS)}"
         )
 
 
