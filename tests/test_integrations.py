@@ -1,29 +1,28 @@
-"""verl / EasyR1 recipes against configs in their documented formats (neither is installed)."""
+"""verl / EasyR1 recipes: what ``apply`` writes (verl's own code reads it in
+test_verl_config.py; EasyR1's config keys are checked against its source, recorded below)."""
 
 import json
 from pathlib import Path
 
 import pytest
 import yaml
-from transformers import AutoConfig
 
 from yarnlib import RopeScaling
 from yarnlib.integrations import easyr1, verl
-from yarnlib.vllm import llm_kwargs
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
-# The keys verl's reference config (verl/trainer/config/_generated_ppo_trainer.yaml) documents.
+# Keys of verl's reference config (verl/trainer/config/_generated_ppo_trainer.yaml).
 VERL_YAML = """
 data:
-  max_prompt_length: 8192
-  max_response_length: 24576
+  max_prompt_length: 256
+  max_response_length: 512
 actor_rollout_ref:
   model:
-    path: ~/models/tiny
+    path: MODEL
     override_config: {attn_implementation: sdpa}
   actor:
     use_dynamic_bsz: true
-    ppo_max_token_len_per_gpu: 16384
+    ppo_max_token_len_per_gpu: 512
   rollout:
     name: vllm
     prompt_length: ${oc.select:data.max_prompt_length,512}
@@ -50,98 +49,193 @@ worker:
     enable_chunked_prefill: false
     tensor_parallel_size: 2
 """
+# The init fields of EasyR1's config dataclasses (verl/trainer/config.py, verl/workers/config.py,
+# verl/workers/{actor,rollout,reward}/config.py) at hiyouga/EasyR1 commit EASYR1_COMMIT, for the
+# sections yarnlib writes; its main merges the YAML into OmegaConf.structured(PPOConfig), which
+# rejects any other key. Dict-valued fields (override_config, ...) take any key.
+EASYR1_COMMIT = "b44b311b669bf1fd1aa2fc36f2251482ba33cb16"
+EASYR1_KEYS = {
+    "": "data worker algorithm trainer",
+    "data": "train_files val_files prompt_key answer_key image_key video_key image_dir video_fps "
+    "max_prompt_length max_response_length rollout_batch_size mini_rollout_batch_size "
+    "val_batch_size format_prompt override_chat_template shuffle seed min_pixels max_pixels "
+    "filter_overlong_prompts filter_overlong_prompts_workers",
+    "algorithm": "gamma lam adv_estimator disable_kl use_kl_loss kl_penalty kl_coef kl_type "
+    "kl_horizon kl_target online_filtering filter_key filter_low filter_high",
+    "trainer": "total_epochs max_steps project_name experiment_name logger nnodes n_gpus_per_node "
+    "max_try_make_batch critic_warmup val_freq val_before_train val_only val_generations_to_log "
+    "save_freq save_limit save_model_only save_checkpoint_path load_checkpoint_path ray_timeline "
+    "find_last_checkpoint",
+    "worker": "hybrid_engine actor critic ref reward rollout",
+    "worker.actor": "strategy global_batch_size micro_batch_size_per_device_for_update "
+    "micro_batch_size_per_device_for_experience max_grad_norm clip_ratio_low clip_ratio_high "
+    "clip_ratio_dual loss_avg_mode loss_type ppo_epochs padding_free dynamic_batching "
+    "ulysses_size use_torch_compile tau_positive tau_negative model optim fsdp offload",
+    "worker.actor.model": "model_path tokenizer_path override_config enable_gradient_checkpointing "
+    "trust_remote_code freeze_vision_tower lora",
+    "worker.actor.fsdp": "enable_full_shard enable_cpu_offload enable_rank0_init use_orig_params "
+    "torch_dtype fsdp_size mp_param_dtype mp_reduce_dtype mp_buffer_dtype",
+    "worker.actor.offload": "offload_params offload_optimizer",
+    "worker.rollout": "name n temperature top_p top_k seed limit_images dtype "
+    "gpu_memory_utilization ignore_eos enforce_eager enable_chunked_prefill tensor_parallel_size "
+    "max_model_len max_num_batched_tokens disable_log_stats disable_tqdm val_override_config",
+    "worker.reward": "reward_function reward_function_kwargs skip_special_tokens num_cpus",
+}
+EASYR1_DICT_FIELDS = {"worker.actor.model.override_config", "worker.rollout.val_override_config"}
+
+
+def unknown_easyr1_keys(cfg: dict, prefix: str = "") -> list[str]:
+    """Dotted keys of ``cfg`` that EasyR1's config dataclasses (as recorded) do not have."""
+    if prefix not in EASYR1_KEYS:
+        return [f"{prefix} (a section not checked against EasyR1)"]
+    unknown = []
+    for key, value in cfg.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if key not in EASYR1_KEYS[prefix].split():
+            unknown.append(dotted)
+        elif isinstance(value, dict) and dotted not in EASYR1_DICT_FIELDS:
+            unknown += unknown_easyr1_keys(value, dotted)
+    return unknown
 
 
 def spec(method="yarn", factor=4.0):
-    return RopeScaling(method, factor, 8192, 1e6, 128)
-
-
-def test_verl_sets_actor_and_rollout_alike(tmp_path):
-    path = tmp_path / "verl.yaml"
-    path.write_text(VERL_YAML)
-    cfg = verl.apply(path, spec())
-    model, rollout = cfg["actor_rollout_ref"]["model"], cfg["actor_rollout_ref"]["rollout"]
-    expected = llm_kwargs(spec(), max_model_len=8192 + 24576)
-    assert rollout["engine_kwargs"]["vllm"]["hf_overrides"] == expected["hf_overrides"]
-    assert rollout["max_model_len"] == 32768
-    assert rollout["engine_kwargs"]["sglang"] == {}
-    override = model["override_config"]
-    assert override["attn_implementation"] == "sdpa"  # the user's keys stay
-    assert override["rope_scaling"]["rope_theta"] == override["rope_theta"] == 1e6
-    assert override["rope_scaling"] == expected["hf_overrides"]["rope_parameters"]
-    assert cfg["actor_rollout_ref"]["actor"]["ppo_max_token_len_per_gpu"] == 32768
-    assert verl.apply(cfg, spec()) == cfg  # applying twice changes nothing
-
-
-@pytest.mark.parametrize("method", ["linear", "ntk", "ntk_by_parts", "yarn"])
-def test_verl_actor_config_runs_the_spec(tmp_path, method):
-    from tiny_models import tiny_config
-
-    tiny_config("qwen2", head_dim=32).save_pretrained(tmp_path)
-    target = RopeScaling(method, 4.0, 256, 50000.0, 32)
-    override = verl.apply({}, target)["actor_rollout_ref"]["model"]["override_config"]
-    # transformers applies the override as config keywords
-    config = AutoConfig.from_pretrained(tmp_path, **override)
-    assert RopeScaling.from_hf(config).inv_freq().equal(target.inv_freq())
-    assert RopeScaling.from_hf(config).attention_factor() == target.attention_factor()
-
-
-def test_verl_refuses_lengths_beyond_the_spec():
-    cfg = yaml.safe_load(VERL_YAML)
-    cfg["data"]["max_response_length"] = 40000
-    with pytest.raises(ValueError, match="data.max_prompt_length"):
-        verl.apply(cfg, spec())
-
-
-@pytest.mark.parametrize("method", ["dynamic_yarn", "dynamic_ntk"])
-def test_dynamic_methods_refused(method):
-    with pytest.raises(ValueError, match="static method"):
-        verl.apply({}, spec(method))
+    return RopeScaling(method, factor, 256, 50000.0, 32)
 
 
 @pytest.fixture
-def easyr1_cfg(tmp_path):
+def model_dir(tmp_path):
     from tiny_models import tiny_model
 
     folder = tmp_path / "tiny"
     tiny_model("llama", head_dim=32).save_pretrained(folder)
-    return yaml.safe_load(EASYR1_YAML.replace("MODEL", str(folder))), folder
+    return folder
 
 
-def test_easyr1_rewrites_the_checkpoint(easyr1_cfg, tmp_path):
-    cfg, folder = easyr1_cfg
-    target = RopeScaling("yarn", 4.0, 256, 50000.0, 32)
-    out = easyr1.apply(cfg, target, output=tmp_path / "tiny-yarn4")
+@pytest.fixture
+def verl_cfg(model_dir):
+    return yaml.safe_load(VERL_YAML.replace("MODEL", str(model_dir)))
+
+
+def test_verl_rewrites_the_checkpoint(verl_cfg, model_dir, tmp_path):
+    out = verl.apply(verl_cfg, spec(), output=tmp_path / "tiny-yarn4")
+    model, rollout = out["actor_rollout_ref"]["model"], out["actor_rollout_ref"]["rollout"]
+    assert model["path"] == str(tmp_path / "tiny-yarn4")
+    written = json.loads((tmp_path / "tiny-yarn4" / "config.json").read_text())
+    assert RopeScaling.from_hf(written) == spec()  # what actor, reference and rollout load
+    assert written["max_position_embeddings"] == 1024  # verl's rollout checks max_model_len
+    assert RopeScaling.from_hf(json.loads((model_dir / "config.json").read_text())).method == "none"
+    assert model["override_config"] == {"attn_implementation": "sdpa"}  # the user's keys stay
+    assert rollout["engine_kwargs"] == {"vllm": {}, "sglang": {}}  # vLLM reads the file
+    assert rollout["max_model_len"] == 768
+    assert rollout["max_num_batched_tokens"] == 8192
+    assert out["actor_rollout_ref"]["actor"]["ppo_max_token_len_per_gpu"] == 768
+    assert verl_cfg["actor_rollout_ref"]["model"]["path"] == str(model_dir)  # input untouched
+    before = (tmp_path / "tiny-yarn4" / "config.json").read_bytes()
+    assert verl.apply(out, spec(), in_place=True) == out  # applying twice changes nothing
+    assert (tmp_path / "tiny-yarn4" / "config.json").read_bytes() == before
+
+
+def test_verl_tells_the_actor_the_linear_length(verl_cfg, tmp_path):
+    out = verl.apply(verl_cfg, spec("linear"), output=tmp_path / "tiny-pi4")
+    written = json.loads((tmp_path / "tiny-pi4" / "config.json").read_text())
+    assert written["max_position_embeddings"] == 256  # vLLM multiplies it by factor for linear
+    override = out["actor_rollout_ref"]["model"]["override_config"]
+    assert override == {"attn_implementation": "sdpa", "max_position_embeddings": 1024}
+    assert verl.apply(out, spec("linear"), in_place=True) == out
+
+
+@pytest.mark.parametrize(
+    "dotted, value",
+    [
+        ("actor_rollout_ref.model.override_config", {"rope_scaling": {"factor": 2}}),
+        ("actor_rollout_ref.model.override_config.model_config", {"rope_theta": 1e6}),
+        ("actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides", {"rope_parameters": {}}),
+        ("actor_rollout_ref.model.hf_config_path", "/elsewhere"),
+    ],
+)
+def test_verl_refuses_rope_settings_beside_the_file(verl_cfg, model_dir, tmp_path, dotted, value):
+    *parents, last = dotted.split(".")
+    node = verl_cfg
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+    before = (model_dir / "config.json").read_bytes()
+    with pytest.raises(ValueError, match=dotted.replace(".", r"\.")):
+        verl.apply(verl_cfg, spec(), in_place=True)
+    assert (model_dir / "config.json").read_bytes() == before
+
+
+def test_verl_refuses_lengths_beyond_the_spec(verl_cfg, tmp_path):
+    verl_cfg["data"]["max_response_length"] = 900
+    with pytest.raises(ValueError, match="data.max_prompt_length"):
+        verl.apply(verl_cfg, spec(), output=tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("method", ["dynamic_yarn", "dynamic_ntk"])
+def test_dynamic_methods_refused(method, tmp_path):
+    with pytest.raises(ValueError, match="static method"):
+        verl.apply({}, spec(method), in_place=True)
+    with pytest.raises(ValueError, match="static method"):
+        easyr1.apply({}, spec(method), in_place=True)
+
+
+def test_a_destination_is_required(verl_cfg):
+    with pytest.raises(ValueError, match="output=DIR or in_place=True"):
+        verl.apply(verl_cfg, spec())
+
+
+@pytest.fixture
+def easyr1_cfg(model_dir):
+    return yaml.safe_load(EASYR1_YAML.replace("MODEL", str(model_dir)))
+
+
+def test_easyr1_rewrites_the_checkpoint(easyr1_cfg, model_dir, tmp_path):
+    out = easyr1.apply(easyr1_cfg, spec(), output=tmp_path / "tiny-yarn4")
     assert out["worker"]["actor"]["model"]["model_path"] == str(tmp_path / "tiny-yarn4")
     written = json.loads((tmp_path / "tiny-yarn4" / "config.json").read_text())
-    assert RopeScaling.from_hf(written) == target  # what actor and rollout both load
-    assert RopeScaling.from_hf(json.loads((folder / "config.json").read_text())).method == "none"
+    assert RopeScaling.from_hf(written) == spec()  # what actor and rollout both load
+    assert RopeScaling.from_hf(json.loads((model_dir / "config.json").read_text())).method == "none"
     assert out["worker"]["rollout"]["max_model_len"] == 768
     assert out["worker"]["rollout"]["max_num_batched_tokens"] == 8192
-    assert cfg["worker"]["actor"]["model"]["model_path"] == str(folder)  # input untouched
+    assert easyr1_cfg["worker"]["actor"]["model"]["model_path"] == str(model_dir)  # untouched
+    assert unknown_easyr1_keys(out) == []
 
 
 def test_easyr1_refuses_actor_only_rope_keys(easyr1_cfg, tmp_path):
-    cfg, _ = easyr1_cfg
-    cfg["worker"]["actor"]["model"]["override_config"] = {"rope_scaling": {"factor": 2}}
+    easyr1_cfg["worker"]["actor"]["model"]["override_config"] = {"rope_scaling": {"factor": 2}}
     with pytest.raises(ValueError, match="override_config"):
-        easyr1.apply(cfg, RopeScaling("yarn", 4.0, 256, 50000.0, 32), output=tmp_path / "o")
+        easyr1.apply(easyr1_cfg, spec(), output=tmp_path / "o")
+    assert not (tmp_path / "o").exists()
 
 
-def test_easyr1_needs_a_local_folder():
-    cfg = yaml.safe_load(EASYR1_YAML.replace("MODEL", "Qwen/Qwen2.5-7B-Instruct"))
-    with pytest.raises(ValueError, match="model_path"):
-        easyr1.apply(cfg, spec(), in_place=True)
+@pytest.mark.parametrize("framework, yaml_text", [(verl, VERL_YAML), (easyr1, EASYR1_YAML)])
+def test_a_local_folder_is_required(framework, yaml_text):
+    cfg = yaml.safe_load(yaml_text.replace("MODEL", "Qwen/Qwen2.5-7B-Instruct"))
+    with pytest.raises(ValueError, match="path: 'Qwen/Qwen2.5-7B-Instruct' is not a local model"):
+        framework.apply(cfg, spec(), in_place=True)
+
+
+def test_unknown_easyr1_keys_are_found():
+    cfg = yaml.safe_load(EASYR1_YAML)
+    cfg["worker"]["reward"] = {"score_function": "math.py:compute_score"}  # not an EasyR1 key
+    cfg["worker"]["actor"]["model"]["override_config"] = {"attn_implementation": "sdpa"}
+    assert unknown_easyr1_keys(cfg) == ["worker.reward.score_function"]
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*grpo*128k*.yaml")))
 def test_examples_are_consistent(name):
     cfg = yaml.safe_load((EXAMPLES / name).read_text())
     target = RopeScaling("yarn", 4.0, 32768, 1e6, 128)  # both Qwen models' recommended YaRN
-    if name.startswith("verl"):
-        assert verl.apply(cfg, target) == cfg
+    if name.startswith("verl"):  # verl's own code reads these in test_verl_config.py
+        model = cfg["actor_rollout_ref"]["model"]
+        rollout = cfg["actor_rollout_ref"]["rollout"]
+        assert "engine_kwargs" not in rollout  # the rollout reads the rewritten config.json
     else:
-        rollout = cfg["worker"]["rollout"]
-        data = cfg["data"]
-        assert rollout["max_model_len"] == data["max_prompt_length"] + data["max_response_length"]
-        assert rollout["max_model_len"] <= target.max_position_embeddings
+        assert unknown_easyr1_keys(cfg) == []
+        model, rollout = cfg["worker"]["actor"]["model"], cfg["worker"]["rollout"]
+        assert rollout["max_num_batched_tokens"] >= rollout["max_model_len"]  # EasyR1 requires it
+    assert "override_config" not in model
+    data = cfg["data"]
+    assert rollout["max_model_len"] == data["max_prompt_length"] + data["max_response_length"]
+    assert rollout["max_model_len"] <= target.max_position_embeddings

@@ -7,7 +7,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from yarnlib import config_files
 from yarnlib.spec import STATIC_METHODS, RopeScaling
+
+# Config keys that set the RoPE; in the checkpoint recipes only the rewritten config.json has them.
+ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings")
 
 
 def load(cfg: Mapping[str, Any] | str | Path) -> dict[str, Any]:
@@ -64,3 +68,42 @@ def sequence_length(cfg: dict[str, Any], spec: RopeScaling, prompt_key: str, res
             f"{spec.describe()} covers ({limit} = original × factor); raise factor or shorten them"
         )
     return prompt + response
+
+
+def require_destination(output: str | Path | None, in_place: bool, framework: str) -> None:
+    if in_place == (output is not None):
+        raise ValueError(f"{framework}.apply: give exactly one of output=DIR or in_place=True")
+
+
+def refuse_rope_keys(overrides: Mapping[str, Any] | None, field: str, reaches: str) -> None:
+    """Rope keys in ``overrides`` would reach ``reaches`` only, beside the rewritten file."""
+    clashing = sorted(set(overrides or {}) & set(ROPE_KEYS))
+    if clashing:
+        raise ValueError(
+            f"{field}: remove {clashing}; they would reach {reaches} only, while the rewritten "
+            "config.json serves actor and rollout alike"
+        )
+
+
+def require_model_folder(model: dict[str, Any], path_key: str, field: str) -> None:
+    path = model.get(path_key)
+    if not path or not (Path(path) / "config.json").is_file():
+        raise ValueError(
+            f"{field}: {path!r} is not a local model folder with config.json; the rollout reads "
+            "that file, so download the model first"
+        )
+
+
+def rewrite_model_folder(
+    model: dict[str, Any],
+    path_key: str,
+    spec: RopeScaling,
+    output: str | Path | None,
+    in_place: bool,
+) -> None:
+    """Rewrite the folder at ``model[path_key]`` to run ``spec`` (``yarnlib config``), in place
+    or into ``output`` (weights symlinked), and point ``model[path_key]`` at the result."""
+    path = model[path_key]
+    config_files.apply(path, config_files.plan(path, spec), in_place=in_place, output=output)
+    if output is not None:
+        model[path_key] = str(output)

@@ -12,12 +12,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from yarnlib import config_files
-from yarnlib.integrations.common import load, require_static, section, sequence_length
+from yarnlib.integrations.common import (
+    load,
+    refuse_rope_keys,
+    require_destination,
+    require_model_folder,
+    require_static,
+    rewrite_model_folder,
+    section,
+    sequence_length,
+)
 from yarnlib.spec import RopeScaling
-from yarnlib.vllm import llm_kwargs
-
-ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings")
 
 
 def apply(
@@ -32,32 +37,19 @@ def apply(
     The model folder is rewritten into ``output`` (a new folder, weights symlinked; the
     config then points at it) or ``in_place`` (a ``.bak`` of each changed file is kept).
     """
-    if in_place == (output is not None):
-        raise ValueError("easyr1.apply: give exactly one of output=DIR or in_place=True")
+    require_destination(output, in_place, "easyr1")
     cfg = load(cfg)
     require_static(spec, "EasyR1")
     model = section(cfg, "worker.actor.model")
-    path = model.get("model_path")
-    if not path or not (Path(path) / "config.json").is_file():
-        raise ValueError(
-            f"worker.actor.model.model_path: {path!r} is not a local model folder with "
-            "config.json; EasyR1's rollout reads that file, so download the model first"
-        )
-    clashing = sorted(set(model.get("override_config") or {}) & set(ROPE_KEYS))
-    if clashing:
-        raise ValueError(
-            f"worker.actor.model.override_config: remove {clashing}; they would reach the actor "
-            "only, while the rewritten config.json serves actor and rollout alike"
-        )
+    require_model_folder(model, "model_path", "worker.actor.model.model_path")
+    override = model.get("override_config")
+    refuse_rope_keys(override, "worker.actor.model.override_config", "the actor")
     total = sequence_length(cfg, spec, "max_prompt_length", "max_response_length")
-    kwargs = llm_kwargs(spec, max_model_len=total)
-    changes = config_files.plan(path, spec)
-    config_files.apply(path, changes, in_place=in_place, output=output)
-    if output is not None:
-        model["model_path"] = str(output)
+    max_model_len = total or spec.max_position_embeddings
+    rewrite_model_folder(model, "model_path", spec, output, in_place)
     rollout = section(cfg, "worker.rollout")
-    rollout["max_model_len"] = kwargs["max_model_len"]
+    rollout["max_model_len"] = max_model_len
     # EasyR1 disables chunked prefill by default; vLLM then needs budget >= max_model_len.
     budget = rollout.get("max_num_batched_tokens") or 8192
-    rollout["max_num_batched_tokens"] = max(budget, kwargs["max_model_len"])
+    rollout["max_num_batched_tokens"] = max(budget, max_model_len)
     return cfg

@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         args.model_dir, args.method, args.factor, args.original_max_position_embeddings
     )
     kwargs = llm_kwargs(spec, args.max_model_len)
-    if args.config_as_is:  # what EasyR1's rollout does: config.json, no overrides
+    if args.config_as_is:  # what verl's and EasyR1's rollouts do: config.json, no overrides
         kwargs = {"max_model_len": kwargs["max_model_len"]}
     report = compare(
         args.model_dir,
@@ -198,7 +198,7 @@ def register(subparsers) -> None:
         "--config-as-is",
         action="store_true",
         help="vLLM reads config.json without hf_overrides (for a folder rewritten by "
-        "`yarnlib config`, as EasyR1's rollout loads it)",
+        "`yarnlib config`, as verl's and EasyR1's rollouts load it)",
     )
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.set_defaults(func=run)
