@@ -13,9 +13,10 @@ from yarnlib.documents import load_documents
     [
         ("png.txt", b"\x89PNG\r\n\x1a\n\x00\x00", "byte 0x89 at offset 0"),
         ("zeros.txt", b"text\x00\x00\x00", "byte 0x00 at offset 4"),  # valid UTF-8, binary
+        ("elf.txt", b"\x7fELF\x02\x01\x01\x00\x00\xd0", "byte 0x00 at offset 7"),  # the first
         ("rows.jsonl", b'{"text": "ok"}\n\xff\xfe{"text"', "byte 0xff at offset 15"),
     ],
-    ids=["png", "nul", "jsonl"],
+    ids=["png", "nul", "elf", "jsonl"],
 )
 def test_binary_files_are_refused_naming_the_file(tmp_path, name, content, where):
     path = tmp_path / name

@@ -181,7 +181,7 @@ def test_a_finished_run_is_replaced_only_with_overwrite(setup, tmp_path):
     saved = {p.name: p.read_bytes() for p in model.iterdir()}
     AcceleratorState._reset_state(True)
     with pytest.raises(
-        ValueError, match=r"holds an earlier run \(model/\); allowed: .*--overwrite"
+        ValueError, match=r"holds an earlier run \(model/\); allowed: --overwrite to replace it,"
     ):
         train(args_for(setup, tmp_path, "--steps", "1", "--seed", "2"))
     assert {p.name: p.read_bytes() for p in model.iterdir()} == saved

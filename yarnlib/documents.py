@@ -16,11 +16,13 @@ SUFFIXES = (".txt", ".jsonl", ".parquet")
 def _read_text(path: Path) -> str:
     """The file as UTF-8 text; a binary file (undecodable bytes, or a NUL byte) is refused."""
     data = path.read_bytes()
+    undecodable = len(data)
     try:
-        text, bad = data.decode("utf-8"), data.find(0)
+        text = data.decode("utf-8")
     except UnicodeDecodeError as error:
-        text, bad = "", error.start
-    if bad >= 0:
+        text, undecodable = "", error.start
+    bad = min(undecodable, data.find(0) if 0 in data else len(data))  # the first offending byte
+    if bad < len(data):
         raise ValueError(
             f"dataset: {path} is binary, not UTF-8 text (byte 0x{data[bad]:02x} at offset {bad}); "
             "allowed: UTF-8 .txt/.jsonl files, or .parquet"
