@@ -26,6 +26,13 @@ def test_binary_files_are_refused_naming_the_file(tmp_path, name, content, where
     assert str(path) in str(error.value) and where in str(error.value)
 
 
+def test_a_parquet_file_that_is_none_is_refused_naming_it(tmp_path):
+    path = tmp_path / "rows.parquet"
+    path.write_text("text,not parquet\n")
+    with pytest.raises(ValueError, match=re.escape(f"dataset: {path} is not a parquet file (")):
+        load_documents([str(path)])
+
+
 def test_utf8_text_is_read_exactly(tmp_path):
     (tmp_path / "a.txt").write_text("thou art — ünïcode\n", encoding="utf-8")
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "é"}) + "\n", encoding="utf-8")

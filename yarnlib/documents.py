@@ -49,9 +49,13 @@ def _jsonl_texts(path: Path, column: str) -> list[str]:
 
 
 def _parquet_texts(path: Path, column: str) -> list[str]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    names = pq.read_schema(path).names
+    try:
+        names = pq.read_schema(path).names
+    except pa.ArrowException as error:
+        raise ValueError(f"dataset: {path} is not a parquet file ({error})") from None
     if column not in names:
         raise ValueError(f"text_column: {column!r} not in {path}; available columns: {names}")
     return [str(t) for t in pq.read_table(path, columns=[column]).column(column).to_pylist()]
