@@ -193,6 +193,9 @@ def test_a_finished_run_is_replaced_only_with_overwrite(setup, tmp_path):
         torch.testing.assert_close(reloaded[name], value, atol=0, rtol=0)
     assert (model / "model.safetensors").read_bytes() != saved["model.safetensors"]
     assert not model.with_name("model.tmp").exists()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="output: .*file is a file; allowed: a new or existing"):
+        checkpoint.check_new_run(tmp_path / "file", overwrite=True)
 
 
 def stream_of(docs: list[list[int]]) -> TokenStream:

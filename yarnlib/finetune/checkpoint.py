@@ -63,6 +63,22 @@ def run_settings(args, spec, mixed_precision: str) -> dict:
     }
 
 
+def check_new_run(output: Path, overwrite: bool) -> None:
+    """A new run must not replace an earlier one in ``output`` unless asked (``--overwrite``),
+    nor mix with its checkpoints."""
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"output: {output} is a file; allowed: a new or existing folder")
+    resumable = bool(completed(output))
+    earlier = ["model/"] if (output / "model").exists() else []
+    earlier += ["checkpoints/"] if resumable else []
+    if earlier and not overwrite:
+        resume = "--resume latest to continue it, " if resumable else ""
+        raise ValueError(
+            f"output: {output} holds an earlier run ({', '.join(earlier)}); allowed: {resume}"
+            "--overwrite to replace it, or a new --output"
+        )
+
+
 def check_same_run(folder: Path, settings: dict) -> None:
     """Refuse to resume ``folder`` with settings that would make it another run."""
     path = Path(folder) / RUN_FILE

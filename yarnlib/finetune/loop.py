@@ -167,15 +167,8 @@ def train(args) -> Result:
     set_seed(args.seed)
     output = Path(args.output)
     resume_from = checkpoint.resolve_resume(args.resume, output) if args.resume else None
-    resumable = bool(checkpoint.completed(output))
-    earlier = ["model/"] if (output / "model").exists() else []
-    earlier += ["checkpoints/"] if resumable else []
-    if not resume_from and earlier and not args.overwrite:  # replaced or mixed with this run
-        resume = "--resume latest to continue it, " if resumable else ""
-        raise ValueError(
-            f"output: {output} holds an earlier run ({', '.join(earlier)}); allowed: {resume}"
-            "--overwrite to replace it, or a new --output"
-        )
+    if not resume_from:
+        checkpoint.check_new_run(output, args.overwrite)
     parallel = accelerator.parallelism_config
     cp_size = parallel.cp_size if parallel else 1
     checks.check_seq_len(args.seq_len, cp_size, parallel.sp_size if parallel else 1)
