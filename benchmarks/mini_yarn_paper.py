@@ -65,7 +65,7 @@ def finetune(model: str, files: list[Path], output: Path, cache: Path, *options:
     """One ``yarnlib finetune`` run in this process."""
     AcceleratorState._reset_state(True)
     argv = ["--model", model, "--dataset", *map(str, files), "--output", str(output),
-            "--cache-dir", str(cache), "--report-to", "none", *options]  # fmt: skip
+            "--cache-dir", str(cache), "--report-to", "none", "--overwrite", *options]  # fmt: skip
     args = parse_args(argv)
     check_args(args)
     return train(args)

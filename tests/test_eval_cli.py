@@ -1,12 +1,14 @@
 """The ``yarnlib eval`` commands end to end on a tiny model: outputs, resume, bad input."""
 
 import json
+import signal
 
 import pytest
 from test_eval_support import text_dataset, tiny_folder
 
 import yarnlib.eval.cli as eval_cli
 from yarnlib.cli import main
+from yarnlib.eval.store import CellStore
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +127,69 @@ def test_passkey_length_shorter_than_the_prompt(model_dir, tmp_path, no_weights,
             "--output", str(tmp_path)]  # fmt: skip
     assert main(args) == 2
     assert "lengths: 20 is shorter than the prompt's" in capsys.readouterr().err
+
+
+def test_output_naming_a_file_or_cells_being_a_folder(
+    model_dir, data_dir, tmp_path, no_weights, capsys
+):
+    taken = tmp_path / "results.txt"
+    taken.write_text("keep me")
+    assert ppl(model_dir, data_dir, taken) == 2
+    assert f"output: {taken} cannot be a results folder" in capsys.readouterr().err
+    assert taken.read_text() == "keep me"
+    (tmp_path / "out" / "cells.jsonl").mkdir(parents=True)
+    for extra in ([], ["--resume"]):
+        assert ppl(model_dir, data_dir, tmp_path / "out", *extra) == 2
+        assert (
+            "cells.jsonl is not a file; allowed: cells.jsonl as a file" in capsys.readouterr().err
+        )
+
+
+@pytest.mark.parametrize("line", ["[1, 2]", "null", '{"method": "none", "length": 128}'])
+def test_resume_refuses_a_line_that_is_no_cell(
+    model_dir, data_dir, tmp_path, no_weights, capsys, line
+):
+    (tmp_path / "cells.jsonl").write_text('{"method": "none", "len\n' + line + "\n")
+    assert ppl(model_dir, data_dir, tmp_path, "--resume") == 2
+    err = capsys.readouterr().err
+    assert f"resume: {tmp_path / 'cells.jsonl'}:2 is not a cell record (missing " in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_cell_after_a_cut_short_line_starts_a_new_line(tmp_path):
+    store = CellStore(tmp_path, ("method", "length"), {"model": "m"}, resume=False)
+    store.add({"method": "none", "length": 128, "ppl": 9.5})
+    with (tmp_path / "cells.jsonl").open("a") as f:
+        f.write('{"method": "yarn:2", "length": 128, "pp')  # killed during this append
+    resumed = CellStore(tmp_path, ("method", "length"), {"model": "m"}, resume=True)
+    resumed.add({"method": "yarn:2", "length": 128, "ppl": 8.25})
+    again = CellStore(tmp_path, ("method", "length"), {"model": "m"}, resume=True)
+    assert again.done == resumed.done and len(again.done) == 2  # none recomputed next time
+
+
+def test_ctrl_c_says_where_the_cells_are_and_how_to_resume(
+    model_dir, data_dir, tmp_path, monkeypatch, capsys
+):
+    add = CellStore.add
+
+    def add_then_interrupt(self, record):  # Ctrl-C right after the first cell is stored
+        add(self, record)
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(CellStore, "add", add_then_interrupt)
+    try:
+        code = ppl(model_dir, data_dir, tmp_path, "--lengths", "128")
+    except KeyboardInterrupt:  # escaping, it would also stop this pytest session
+        pytest.fail("Ctrl-C escaped as a KeyboardInterrupt traceback")
+    assert code == 130
+    err = capsys.readouterr().err
+    assert f"interrupted: finished cells are in {tmp_path / 'cells.jsonl'}; rerun" in err
+    assert "--resume" in err and "Traceback" not in err
+    assert [c["method"] for c in cells(tmp_path)] == ["none"]
+
+
+def test_negative_distractors_name_the_option(model_dir, tmp_path, no_weights, capsys):
+    args = ["eval", "passkey", "--model", str(model_dir), "--distractors", "-3",
+            "--output", str(tmp_path)]  # fmt: skip
+    assert main(args) == 2
+    assert "distractors must be an integer in [0, " in capsys.readouterr().err

@@ -22,7 +22,7 @@ from yarnlib.finetune import checkpoint
 from yarnlib.finetune.batches import block_causal_mask, micro_batch
 from yarnlib.finetune.checks import check_length, check_seq_len
 from yarnlib.finetune.cli import check_args, parse_args
-from yarnlib.finetune.data import PackedRows, TokenStream, labels_for, tokenize
+from yarnlib.finetune.data import PackedRows, TokenStream, cache_key, labels_for, tokenize
 from yarnlib.finetune.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,15 +147,55 @@ def _text(path: Path) -> str:
     return path.read_text() if path.is_file() else ""
 
 
-def test_resume_refuses_a_different_batch_and_a_fresh_run_refuses_old_checkpoints(setup, tmp_path):
+def test_resume_refuses_other_data_or_settings_and_a_fresh_run_old_checkpoints(setup, tmp_path):
     train(args_for(setup, tmp_path, "--steps", "2", "--save-every", "1", "--stop-after", "1"))
     AcceleratorState._reset_state(True)
     changed = args_for(setup, tmp_path, "--steps", "2", "--batch-size", "3", "--resume", "latest")
     with pytest.raises(ValueError, match="global_batch"):
         train(changed)
     AcceleratorState._reset_state(True)
-    with pytest.raises(ValueError, match="checkpoints of an earlier run"):
+    # the yarn:2 checkpoint resumed as pi (= linear):4 with another lr names every change
+    other = ("--method", "pi", "--factor", "4", "--lr", "1e-3", "--resume", "latest")
+    with pytest.raises(ValueError) as error:
+        train(args_for(setup, tmp_path, "--steps", "2", *other))
+    assert (
+        "step-000001 was written by another run (method: checkpoint 'yarn', now 'linear'; "
+        "factor: checkpoint 2.0, now 4.0; lr: checkpoint 0.003, now 0.001)" in str(error.value)
+    )
+    AcceleratorState._reset_state(True)
+    with pytest.raises(
+        ValueError, match=r"holds an earlier run \(checkpoints/\); allowed: --resume"
+    ):
         train(args_for(setup, tmp_path, "--steps", "2"))
+    AcceleratorState._reset_state(True)
+    train(args_for(setup, tmp_path, "--steps", "1", "--overwrite"))
+    # the earlier run's checkpoints are gone: they would pass for this run's "latest"
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    with pytest.raises(ValueError, match="overwrite: --overwrite starts a new run, --resume"):
+        args_for(setup, tmp_path, "--steps", "1", "--overwrite", "--resume", "latest")
+
+
+def test_a_finished_run_is_replaced_only_with_overwrite(setup, tmp_path):
+    model = tmp_path / "run" / "model"
+    train(args_for(setup, tmp_path, "--steps", "1", "--warmup-steps", "0"))
+    saved = {p.name: p.read_bytes() for p in model.iterdir()}
+    AcceleratorState._reset_state(True)
+    with pytest.raises(
+        ValueError, match=r"holds an earlier run \(model/\); allowed: --overwrite to replace it,"
+    ):
+        train(args_for(setup, tmp_path, "--steps", "1", "--seed", "2"))
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == saved
+    AcceleratorState._reset_state(True)
+    again = ("--steps", "1", "--warmup-steps", "0", "--seed", "2", "--overwrite")
+    second = train(args_for(setup, tmp_path, *again))
+    reloaded = AutoModelForCausalLM.from_pretrained(model).state_dict()
+    for name, value in second.model.state_dict().items():
+        torch.testing.assert_close(reloaded[name], value, atol=0, rtol=0)
+    assert (model / "model.safetensors").read_bytes() != saved["model.safetensors"]
+    assert not model.with_name("model.tmp").exists()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="output: .*file is a file; allowed: a new or existing"):
+        checkpoint.check_new_run(tmp_path / "file", overwrite=True)
 
 
 def stream_of(docs: list[list[int]]) -> TokenStream:
@@ -213,6 +253,26 @@ def test_tokenize_caches_on_disk(tmp_path):
     assert len(list((tmp_path / "cache").glob("tokens-*.pt"))) == 1
     again = tokenize([str(data)], char_tokenizer(), tmp_path / "cache", show_progress=False)
     assert again.key == first.key and torch.equal(again.tokens, first.tokens)
+
+
+class PlantedCode:
+    def __reduce__(self):  # unpickling it runs os.mkdir(marker)
+        return os.mkdir, (self.marker,)
+
+
+def test_a_planted_token_cache_never_runs_code(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # torch < 2.6's default
+    data, tokenizer = text_folder(tmp_path / "data", ["abc"]), char_tokenizer()
+    planted = PlantedCode()
+    planted.marker = str(tmp_path / "code-ran")
+    cache = (
+        tmp_path / "cache" / f"tokens-{cache_key([str(data)], tokenizer, 'text', 'train', None)}.pt"
+    )
+    cache.parent.mkdir()
+    torch.save({"tokens": planted, "doc_starts": torch.zeros(1)}, cache)
+    with pytest.raises(ValueError, match=f"cache: {cache} is not a token cache yarnlib wrote"):
+        tokenize([str(data)], tokenizer, tmp_path / "cache", show_progress=False)
+    assert not (tmp_path / "code-ran").exists()
 
 
 def test_errors_before_the_first_step(setup, tmp_path):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -12,9 +13,26 @@ DEFAULT_DATASET = REPO_ROOT.parent / "shared" / "data" / "shakespeare"
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 
 
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 text; a binary file (undecodable bytes, or a NUL byte) is refused."""
+    data = path.read_bytes()
+    undecodable = len(data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        text, undecodable = "", error.start
+    bad = min(undecodable, data.find(0) if 0 in data else len(data))  # the first offending byte
+    if bad < len(data):
+        raise ValueError(
+            f"dataset: {path} is binary, not UTF-8 text (byte 0x{data[bad]:02x} at offset {bad}); "
+            "allowed: UTF-8 .txt/.jsonl files, or .parquet"
+        )
+    return text
+
+
 def _jsonl_texts(path: Path, column: str) -> list[str]:
     texts = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -31,9 +49,13 @@ def _jsonl_texts(path: Path, column: str) -> list[str]:
 
 
 def _parquet_texts(path: Path, column: str) -> list[str]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    names = pq.read_schema(path).names
+    try:
+        names = pq.read_schema(path).names
+    except pa.ArrowException as error:
+        raise ValueError(f"dataset: {path} is not a parquet file ({error})") from None
     if column not in names:
         raise ValueError(f"text_column: {column!r} not in {path}; available columns: {names}")
     return [str(t) for t in pq.read_table(path, columns=[column]).column(column).to_pylist()]
@@ -41,12 +63,24 @@ def _parquet_texts(path: Path, column: str) -> list[str]:
 
 def _file_documents(path: Path, column: str) -> list[tuple[str, str]]:
     if path.suffix == ".txt":
-        return [(path.stem, path.read_text(errors="replace"))]
+        return [(path.stem, _read_text(path))]
     texts = _jsonl_texts(path, column) if path.suffix == ".jsonl" else _parquet_texts(path, column)
     return [(f"{path.stem}[{i}]", text) for i, text in enumerate(texts)]
 
 
+def _looks_local(source: str) -> bool:
+    """A datasets id is ``name`` or ``owner/name``: anything else can only be a local path."""
+    return source.startswith(("/", ".", "~")) or source.count("/") > 1 or source.endswith(SUFFIXES)
+
+
 def _hub_documents(name: str, column: str, split: str, config: str | None) -> list[tuple]:
+    if _looks_local(name):
+        raise ValueError(
+            f"dataset: {name!r} does not exist; allowed: an existing .txt/.jsonl/.parquet file or "
+            "folder, or a datasets id (name or owner/name)"
+        )
+    # said before any network access: a mistyped local folder reads like an owner/name id
+    print(f"dataset: {name!r} is not a local path; loading it as a datasets id", file=sys.stderr)
     import datasets
 
     try:

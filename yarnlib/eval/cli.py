@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from transformers import AutoTokenizer
 
 from yarnlib.documents import DEFAULT_DATASET, load_documents, select_samples
 from yarnlib.eval.methods import check_methods, parse_methods
-from yarnlib.eval.store import CellStore
+from yarnlib.eval.store import CELLS, CellStore
 from yarnlib.models import load_config, load_model, resolve
 from yarnlib.spec import METHODS
 
@@ -68,6 +69,24 @@ def finish(store: CellStore, name: str, computed: list, wanted: int, extra: dict
     print(f"computed {len(computed)} cells; results: {json_path}, {csv_path}")
     if len(store.done) < wanted:
         print(f"stopped with {len(store.done)} of {wanted} cells done; rerun with --resume")
+
+
+def interruptible(run):
+    """Ctrl-C ends with where the finished cells are and how to go on (exit 130, as shells do)."""
+
+    @functools.wraps(run)
+    def run_until_interrupted(args) -> int:
+        try:
+            return run(args)
+        except KeyboardInterrupt:
+            print(
+                f"\ninterrupted: finished cells are in {Path(args.output) / CELLS}; rerun the same "
+                "command with --resume to compute only the missing ones",
+                file=sys.stderr,
+            )
+            return 130
+
+    return run_until_interrupted
 
 
 def run_perplexity_cli(args) -> int:
@@ -196,7 +215,7 @@ def register(subparsers) -> None:
     p.add_argument("--window", type=int, help="sliding window size (default: whole sample)")
     p.add_argument("--stride", type=int, help="sliding window stride (default: the window)")
     p.add_argument("--chunk-size", type=int, default=1024, help="positions per head chunk")
-    p.set_defaults(func=run_perplexity_cli)
+    p.set_defaults(func=interruptible(run_perplexity_cli))
 
     p = evals.add_parser("passkey", help="passkey retrieval accuracy, lengths × depths")
     common(p, "4096,8192", "results/passkey")
@@ -205,7 +224,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--distractors", type=int, default=0, help="decoy keys (harder variant)")
     p.add_argument("--max-new-tokens", type=int, default=8)
-    p.set_defaults(func=run_passkey_cli)
+    p.set_defaults(func=interruptible(run_passkey_cli))
 
     p = evals.add_parser(
         "lm-eval",

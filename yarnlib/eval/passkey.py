@@ -42,8 +42,16 @@ def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def check_distractors(distractors: int) -> None:
+    if not 0 <= distractors <= len(DISTRACTOR_NAMES):
+        raise ValueError(
+            f"distractors must be an integer in [0, {len(DISTRACTOR_NAMES)}], got {distractors!r}"
+        )
+
+
 def min_length(tokenizer, distractors: int = 0) -> int:
     """The shortest prompt possible (no filler at all)."""
+    check_distractors(distractors)
     line = _ids(tokenizer, KEY_LINE.format(key=99999))
     extra = len(_ids(tokenizer, DISTRACTOR_LINE.format(name="garage", key=99999)))
     return (
@@ -59,8 +67,7 @@ def build_prompt(tokenizer, length: int, depth: float, seed, distractors: int = 
     the filler (0: right after the instructions, 1: right before the question)."""
     if not 0 <= depth <= 1:
         raise ValueError(f"depth must be in [0, 1], got {depth!r}")
-    if distractors > len(DISTRACTOR_NAMES):
-        raise ValueError(f"distractors must be <= {len(DISTRACTOR_NAMES)}, got {distractors!r}")
+    check_distractors(distractors)
     rng = random.Random(str(seed))
     keys = rng.sample(range(10000, 100000), distractors + 1)
     header, question = _ids(tokenizer, TASK), _ids(tokenizer, QUESTION)

@@ -25,22 +25,45 @@ class CellStore:
         self, output: str | Path, key_fields: tuple[str, ...], settings: dict, resume: bool
     ):
         self.output = Path(output)
-        self.output.mkdir(parents=True, exist_ok=True)
         self.path = self.output / CELLS
+        try:
+            self.output.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # e.g. --output names a file
+            raise ValueError(
+                f"output: {self.output} cannot be a results folder ({error.strerror}); "
+                "allowed: a new or existing folder"
+            ) from None
+        if self.path.exists() and not self.path.is_file():
+            raise ValueError(f"output: {self.path} is not a file; allowed: {CELLS} as a file")
         self.key_fields = key_fields
         self.settings = settings
         self.id = settings_id(settings)
         self.done: dict[tuple, dict] = {}
+        self.cut_short = False  # the last line lacks its newline: a kill during an append
         if resume and self.path.is_file():
-            for line in self.path.read_text().splitlines():
+            text = self.path.read_text()
+            self.cut_short = bool(text) and not text.endswith("\n")
+            for number, line in enumerate(text.splitlines(), 1):
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError:  # a line cut short by a kill
                     continue
-                if record.get("settings_id") == self.id:
+                self._check(record, number)
+                if record["settings_id"] == self.id:
                     self.done[self.key(record)] = record
         else:
             self.path.write_text("")  # a fresh run starts a fresh file
+
+    def _check(self, record, number: int) -> None:
+        """Refuse a line that parses but is no cell record (edited by hand, another file)."""
+        needed = (*self.key_fields, "settings_id")
+        missing = [f for f in needed if f not in record] if isinstance(record, dict) else needed
+        if missing:
+            raise ValueError(
+                f"resume: {self.path}:{number} is not a cell record (missing {', '.join(missing)}"
+                f" in {json.dumps(record)[:80]}); allowed: lines this command wrote. Delete the "
+                "line, or run without --resume to start over"
+            )
 
     def key(self, record: dict) -> tuple:
         return tuple(record[f] for f in self.key_fields)
@@ -62,9 +85,11 @@ class CellStore:
         record = {**record, "settings_id": self.id}
         # Rewrite-free append, flushed to disk: a kill loses at most the cell in progress.
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            # a new line after a cut-short one: appended to it, this cell would be lost too
+            f.write(("\n" if self.cut_short else "") + json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        self.cut_short = False
         self.done[self.key(record)] = record
 
     def write_final(self, name: str, extra: dict | None = None) -> tuple[Path, Path]:

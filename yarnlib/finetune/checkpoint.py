@@ -3,7 +3,10 @@ plus a ``Cursor`` registered with it, which records how far the run got through 
 
 The data order is a pure function of (seed, epoch), so the cursor's step is the whole data
 position; it also records what the data and batch were, so a resume with different data or a
-different global batch is refused instead of silently training on a different order.
+different global batch is refused instead of silently training on a different order. Each
+checkpoint also holds ``run.json``, the settings that decide what the run computes (model,
+RoPE scaling, optimizer, schedule, LoRA, ...): a resume that changes one is refused before
+anything loads.
 """
 
 from __future__ import annotations
@@ -14,7 +17,14 @@ import shutil
 from pathlib import Path
 
 CHECKPOINTS = "checkpoints"
+RUN_FILE = "run.json"
 _NAME = re.compile(r"^step-(\d+)$")
+# what a resume must keep (output, logging, checkpoint cadence and memory options may change)
+RUN_FIELDS = (
+    "steps", "lr", "weight_decay", "beta1", "beta2", "warmup_steps", "schedule",
+    "max_grad_norm", "seed", "cross_document_attention", "lora", "lora_rank", "lora_alpha",
+    "lora_dropout", "lora_targets",
+)  # fmt: skip
 
 
 class Cursor:
@@ -37,6 +47,58 @@ class Cursor:
                 "--seq-len, --batch-size, --grad-accum and process count"
             )
         self.step = int(state["step"])
+
+
+def run_settings(args, spec, mixed_precision: str) -> dict:
+    """The settings of ``run.json``: the RoPE scaling as resolved (``pi`` and ``linear`` are one
+    method; a default original length equals the same length given explicitly)."""
+    model = Path(args.model)
+    return {
+        "model": str(model.resolve()) if model.exists() else args.model,
+        "method": spec.method if spec else "none",
+        "factor": spec.factor if spec else None,
+        "original_max_position_embeddings": spec.original_max_position_embeddings if spec else None,
+        "mixed_precision": mixed_precision,
+        **{name: getattr(args, name) for name in RUN_FIELDS},
+    }
+
+
+def check_new_run(output: Path, overwrite: bool) -> None:
+    """A new run must not replace an earlier one in ``output`` unless asked (``--overwrite``),
+    nor mix with its checkpoints."""
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"output: {output} is a file; allowed: a new or existing folder")
+    resumable = bool(completed(output))
+    earlier = ["model/"] if (output / "model").exists() else []
+    earlier += ["checkpoints/"] if resumable else []
+    if earlier and not overwrite:
+        resume = "--resume latest to continue it, " if resumable else ""
+        raise ValueError(
+            f"output: {output} holds an earlier run ({', '.join(earlier)}); allowed: {resume}"
+            "--overwrite to replace it, or a new --output"
+        )
+
+
+def check_same_run(folder: Path, settings: dict) -> None:
+    """Refuse to resume ``folder`` with settings that would make it another run."""
+    path = Path(folder) / RUN_FILE
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"resume: cannot read {path} ({error}); allowed: a checkpoint folder written by "
+            "`yarnlib finetune`"
+        ) from None
+    changed = [
+        f"{name}: checkpoint {saved.get(name)!r}, now {value!r}"
+        for name, value in settings.items()
+        if saved.get(name) != value
+    ]
+    if changed:
+        raise ValueError(
+            f"resume: {folder} was written by another run ({'; '.join(changed)}); allowed: the "
+            "checkpoint's values, or a new --output for a new run"
+        )
 
 
 def checkpoint_dir(output: Path, step: int) -> Path:
@@ -65,13 +127,14 @@ def resolve_resume(resume: str, output: Path) -> Path:
     return path
 
 
-def save(accelerator, output: Path, step: int, keep: int) -> Path:
+def save(accelerator, output: Path, step: int, keep: int, settings: dict) -> Path:
     """Every process writes its part into a .tmp folder, renamed once all are done."""
     final = checkpoint_dir(output, step)
     staging = final.with_name(final.name + ".tmp")
     accelerator.save_state(str(staging))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        (staging / RUN_FILE).write_text(json.dumps(settings, indent=1) + "\n")
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)
         for old in completed(output)[:-keep] if keep > 0 else []:

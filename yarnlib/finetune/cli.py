@@ -63,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: never)")
     g.add_argument("--keep-checkpoints", type=int, default=2, help="newest kept; 0 keeps all")
     g.add_argument("--resume", default=None, help="'latest' or a checkpoint folder")
+    g.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier run (model/, checkpoints/)"
+    )
     g.add_argument("--stop-after", type=int, default=None, help="stop (and checkpoint) at step N")
     g.add_argument("--log-every", type=int, default=1)
     g.add_argument("--report-to", default="auto", help="auto|none|tensorboard,wandb,swanlab")
@@ -86,6 +89,11 @@ def check_args(args) -> None:
     for name in ("save_every", "keep_checkpoints", "warmup_steps"):
         if getattr(args, name) < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {getattr(args, name)!r}")
+    if args.overwrite and args.resume:
+        raise ValueError(
+            f"overwrite: --overwrite starts a new run, --resume {args.resume} continues one; "
+            "allowed: one of them"
+        )
     if args.stop_after is not None and not 1 <= args.stop_after <= args.steps:
         raise ValueError(f"stop_after must be in [1, steps={args.steps}], got {args.stop_after!r}")
     if args.lr <= 0 or args.weight_decay < 0 or not (0 <= args.beta1 < 1 and 0 <= args.beta2 < 1):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +76,13 @@ def tokenize(
     key = cache_key(sources, tokenizer, text_column, split, dataset_config)
     path = Path(cache_dir) / f"tokens-{key}.pt"
     if path.is_file():
-        cached = torch.load(path)
+        try:  # tensors only: a planted cache file must not run code (torch < 2.6 default)
+            cached = torch.load(path, weights_only=True)
+        except pickle.UnpicklingError as error:
+            raise ValueError(
+                f"cache: {path} is not a token cache yarnlib wrote ({str(error).splitlines()[0]}); "
+                "allowed: delete it and it is rebuilt"
+            ) from None
         return TokenStream(cached["tokens"], cached["doc_starts"], key)
     docs = load_documents(sources, text_column, split, dataset_config)
     pieces = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,11 +167,8 @@ def train(args) -> Result:
     set_seed(args.seed)
     output = Path(args.output)
     resume_from = checkpoint.resolve_resume(args.resume, output) if args.resume else None
-    if not resume_from and checkpoint.completed(output):  # a later resume would mix two runs
-        raise ValueError(
-            f"output: {output} holds checkpoints of an earlier run; allowed: --resume latest, "
-            "or a new --output"
-        )
+    if not resume_from:
+        checkpoint.check_new_run(output, args.overwrite)
     parallel = accelerator.parallelism_config
     cp_size = parallel.cp_size if parallel else 1
     checks.check_seq_len(args.seq_len, cp_size, parallel.sp_size if parallel else 1)
@@ -183,6 +181,9 @@ def train(args) -> Result:
         load_config(args.model), args.method, args.factor, args.original_max_position_embeddings
     )
     checks.check_length(args.seq_len, spec)
+    run_settings = checkpoint.run_settings(args, spec, accelerator.mixed_precision)
+    if resume_from:
+        checkpoint.check_same_run(resume_from, run_settings)
     attn = choose_attn_implementation(args.attn_implementation, accelerator.device)
     if cp_size > 1 and attn != "sdpa":  # torch's ring attention replaces SDPA only
         if args.attn_implementation != "auto":
@@ -235,6 +236,8 @@ def train(args) -> Result:
     elif accelerator.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
         log.path.unlink(missing_ok=True)
+        # --overwrite: an earlier run's checkpoints would pass for this run's "latest"
+        shutil.rmtree(output / checkpoint.CHECKPOINTS, ignore_errors=True)
     accelerator.init_trackers("yarnlib-finetune", config={k: str(v) for k, v in vars(args).items()})
 
     last = min(args.steps, args.stop_after or args.steps)
@@ -296,7 +299,7 @@ def train(args) -> Result:
         )
         stopping = cursor.step == last < args.steps  # --stop-after: always resumable
         if stopping or (args.save_every and cursor.step % args.save_every == 0):
-            checkpoint.save(accelerator, output, cursor.step, args.keep_checkpoints)
+            checkpoint.save(accelerator, output, cursor.step, args.keep_checkpoints, run_settings)
     bar.close()
     result.steps, result.model = cursor.step, accelerator.unwrap_model(model)
     if cursor.step >= args.steps:
@@ -328,7 +331,11 @@ def context_parallel(accelerator, inputs: dict, labels: torch.Tensor):
 
 
 def save_model(accelerator, model, tokenizer, folder: Path, lora: bool) -> Path:
-    """The trained model with the config the patch wrote (LoRA merged into the weights)."""
+    """The trained model with the config the patch wrote (LoRA merged into the weights), saved
+    under a .tmp name and renamed: an earlier model stays whole until this one is."""
+    staging = folder.with_name(folder.name + ".tmp")
+    if accelerator.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
     if lora:
@@ -337,12 +344,14 @@ def save_model(accelerator, model, tokenizer, folder: Path, lora: bool) -> Path:
     else:
         state = accelerator.get_state_dict(model)  # gathered from every shard
     unwrapped.save_pretrained(
-        folder,
+        staging,
         is_main_process=accelerator.is_main_process,
         save_function=accelerator.save,
         state_dict=state,
     )
     if accelerator.is_main_process:
-        tokenizer.save_pretrained(folder)
+        tokenizer.save_pretrained(staging)
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
     accelerator.wait_for_everyone()
     return folder
