@@ -302,6 +302,14 @@ def test_checkpoint_latest_skips_unfinished(tmp_path):
         checkpoint.resolve_resume("latest", tmp_path / "nothing")
 
 
+@pytest.mark.parametrize("record", ["[1, 2]", "null", "{not json", None])
+def test_a_run_record_that_is_not_an_object_is_refused_in_one_line(tmp_path, record):
+    if record is not None:
+        (tmp_path / checkpoint.RUN_FILE).write_text(record)
+    with pytest.raises(ValueError, match="resume: cannot read .*run.json"):
+        checkpoint.check_same_run(tmp_path, {"method": "yarn"})
+
+
 EXAMPLES = sorted((REPO / "examples" / "finetune").glob("*.yaml"))
 
 

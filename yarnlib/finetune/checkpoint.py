@@ -84,6 +84,8 @@ def check_same_run(folder: Path, settings: dict) -> None:
     path = Path(folder) / RUN_FILE
     try:
         saved = json.loads(path.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError(f"holds {type(saved).__name__}, not a JSON object")
     except (OSError, ValueError) as error:
         raise ValueError(
             f"resume: cannot read {path} ({error}); allowed: a checkpoint folder written by "
