@@ -397,6 +397,8 @@ def bad_inputs(path: Path) -> dict[str, tuple[list[str], str]]:
     return {
         "unknown method": (["--method", "rope2", "--factor", "4", "--in-place"], "rope2"),
         "factor below 1": (["--factor", "0.5", "--in-place"], "factor must be >= 1"),
+        "factor too large": (["--factor", "1e300", "--in-place"], "factor must be <= 1024"),
+        "empty method": (["--method", "", "--factor", "4", "--in-place"], "method: unknown"),
         "none with factor": (["--method", "none", "--factor", "4", "--in-place"], "factor"),
         "no destination": (["--factor", "4"], "--in-place"),
         "reset and factor": (["--reset", "--factor", "4", "--in-place"], "--reset"),

@@ -278,6 +278,8 @@ def test_unsupported_models_are_named():
         yarnlib.patch(tiny_model(), "magic", 4.0)
     with pytest.raises(ValueError, match="factor"):
         yarnlib.patch(tiny_model(), "yarn", 0.5)
+    with pytest.raises(ValueError, match="factor: method 'none'"):
+        yarnlib.patch(tiny_model(), "none", 4.0)
     with pytest.raises(ValueError, match="use_kernel"):
         yarnlib.patch(tiny_model(), "yarn", 2.0, use_kernel="yes")
 

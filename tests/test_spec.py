@@ -10,6 +10,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from yarnlib import METHODS, RopeScaling
 from yarnlib.convert import to_hf
+from yarnlib.eval.methods import Method, parse_methods
 
 HF_NAME = {"linear": "linear", "dynamic_ntk": "dynamic", "yarn": "yarn"}
 HEAD_DIMS = (64, 80, 128, 256)
@@ -208,6 +209,8 @@ BAD = [
     ({"factor": 0.5}, "factor"),
     ({"factor": float("nan")}, "factor"),
     ({"factor": float("inf")}, "factor"),
+    ({"factor": 1e300}, "factor must be <= 1024"),
+    ({"method": "none", "factor": 4}, "factor: method 'none' scales nothing"),
     ({"method": "rope-magic"}, "method"),
     ({"rotary_dim": 63}, "rotary_dim"),
     ({"rotary_dim": 0}, "rotary_dim"),
@@ -237,6 +240,13 @@ def test_bad_input_names_the_field(change, field):
     kwargs.update(change)
     with pytest.raises(ValueError, match=field):
         RopeScaling(**kwargs)
+
+
+def test_eval_methods_follow_the_spec_rules():
+    assert parse_methods("none,yarn:4") == [Method("none", 1.0), Method("yarn", 4.0)]
+    for bad, message in (("none:4", "'none:4': factor: method 'none'"), ("yarn:2e3", "<= 1024")):
+        with pytest.raises(ValueError, match=message):
+            parse_methods(bad)
 
 
 def test_unknown_method_lists_known_ones():

@@ -93,8 +93,15 @@ def test_cli_prints_kwargs_and_serve_flags(model_dir, capsys):
 
 
 def test_cli_bad_input_names_field(model_dir, capsys):
-    assert cli.main(["vllm-args", str(model_dir), "--method", "rope2", "--factor", "4"]) == 2
-    assert "method" in capsys.readouterr().err
+    for method, factor, message in (
+        ("rope2", "4", "method"),
+        ("", "4", "method: unknown RoPE scaling method ''"),
+        ("none", "4", "factor: method 'none' scales nothing"),
+        ("yarn", "1e300", "factor must be <= 1024"),
+    ):
+        args = ["vllm-args", str(model_dir), "--method", method, "--factor", factor]
+        assert cli.main(args) == 2
+        assert message in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -181,7 +181,7 @@ def target_spec(
     """The spec for ``method``/``factor`` on this model: its unscaled rope_theta and rotary dim,
     and its original context unless given (the one recorded in an already scaled config)."""
     native = from_hf(json.loads(native_files(read_files(model_dir))[CONFIG]))
-    method = canonical_method(method or "yarn")
+    method = canonical_method("yarn" if method is None else method)
     if factor is None:
         if method != "none":
             raise ValueError(f"factor is required for method {method!r} (e.g. --factor 4)")
@@ -253,11 +253,6 @@ def plan(
         dim = rotary_dim_of(native_config, rope_parameters_of(native_config))
         if spec.rotary_dim != dim:
             raise ValueError(f"rotary_dim: the spec has {spec.rotary_dim}, the model has {dim}")
-        if spec.method == "none" and spec.factor != 1:
-            raise ValueError(
-                f"factor: method 'none' scales nothing, so factor must be 1, got {spec.factor:g} "
-                "(to restore the native settings, use reset)"
-            )
         fmt = file_format(native_config) if format == "auto" else format
         after = _scale(native, spec, fmt)
     return [Change(name, texts[name], after[name]) for name in texts]
