@@ -521,6 +521,23 @@ def test_damaged_record_exits_2(folder, capsys):
     assert snapshot(path) == before
 
 
+def test_unknown_key_in_the_marker_is_one_line_and_exit_2(folder, capsys):
+    path = folder("qwen3", "v5")
+    assert config(path, "--factor", "4", "--in-place") == 0
+    data = json.loads((path / "config.json").read_text())
+    data[MARKER]["fctor"] = 8
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    capsys.readouterr()
+    for command in (
+        ["config", str(path)],
+        ["inspect", str(path)],
+        ["vllm-args", str(path), "--factor", "2"],
+    ):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{MARKER}: unknown key 'fctor'" in err, command
+
+
 def test_show_rope_types_yarnlib_does_not_know(folder):
     path = folder("llama", "v4")
     data = json.loads((path / "config.json").read_text())

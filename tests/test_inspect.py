@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import sys
 
 import pytest
 
@@ -102,3 +104,13 @@ def test_plot_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
         "config.png.json",
         "notes.png.json",
     ]
+
+
+def test_output_cut_short_by_a_closed_pipe_is_quiet(monkeypatch):
+    """`yarnlib inspect ... | head -1`: no BrokenPipeError traceback, the shell's SIGPIPE code."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # as `head` exits
+    stdout = open(write_end, "w")  # noqa: SIM115 (closed below, after main)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert main([*ARGS[:-1], "4096"]) == 141  # 2048 rows, more than a pipe holds
+    stdout.close()  # the exit flush of what is still buffered: must not raise either

@@ -27,8 +27,10 @@ from yarnlib.convert import (
     DEFAULT_ROPE_THETA,
     HF_DYNAMIC_YARN,
     MARKER,
+    check_marker,
     from_hf,
     has_rope,
+    marked_spec,
     rope_parameters_of,
     rotary_dim_of,
     to_hf,
@@ -413,13 +415,15 @@ def show(model_dir: str | Path) -> dict[str, Any]:
             f"{DEFAULT_ROPE_THETA:g}"
         )
     params["rope_theta"] = params["rope_theta"] or DEFAULT_ROPE_THETA
+    if MARKER in config:  # a damaged record is an error, as when rewriting
+        check_marker(config[MARKER])
     try:
         spec = from_hf(config)
     except ValueError as error:
         spec = None
         problems.append(f"yarnlib cannot read these settings: {error}")
-    if spec is not None and isinstance(config.get(MARKER), dict):
-        marked = RopeScaling(**config[MARKER], rotary_dim=spec.rotary_dim)
+    if spec is not None and MARKER in config:
+        marked = marked_spec(config, spec.rotary_dim)
         if marked != spec:
             problems.append(
                 f"the RoPE keys were edited after yarnlib wrote {MARKER}: readers run "
