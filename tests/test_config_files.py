@@ -170,6 +170,49 @@ def test_format_option_converts_and_reset_restores(folder, fmt):
         assert {k: v for k, v in after.items() if not k.endswith(".bak")} == before
 
 
+@pytest.mark.parametrize("fmt", ("auto", "v4"))
+def test_partial_rotary_factor_inside_rope_parameters_is_kept(folder, capsys, fmt):
+    path = folder("llama", "v5")
+    data = json.loads((path / "config.json").read_text())
+    data.pop("partial_rotary_factor", None)
+    data["rope_parameters"]["partial_rotary_factor"] = 0.5
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    before = snapshot(path)
+    assert config(path, "--factor", "4", "--format", fmt, "--in-place") == 0
+    assert_runs(path, RopeScaling("yarn", 4, L, THETA, HEAD_DIM // 2))  # 8 of 16 dims rotate
+    assert config(path, "--check") == 0
+    assert config(path, "--reset", "--in-place") == 0
+    assert {k: v for k, v in snapshot(path).items() if not k.endswith(".bak")} == before
+    # what an older yarnlib wrote: the factor dropped, transformers rotating all 16 dims
+    assert config(path, "--factor", "4", "--in-place") == 0
+    data = json.loads((path / "config.json").read_text())
+    del data["rope_parameters"]["partial_rotary_factor"]
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    capsys.readouterr()
+    assert config(path, "--check") == 1
+    assert "rotate 16 dims of each head, but before yarnlib rewrote" in capsys.readouterr().out
+
+
+def test_disagreeing_v4_and_v5_blocks_are_reported(folder, capsys):
+    path = folder("qwen2", "v5")
+    data = json.loads((path / "config.json").read_text())
+    data["rope_theta"] = 2 * THETA  # a v4 reader (transformers 4) takes this one
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    assert config(path, "--check") == 1
+    out = capsys.readouterr().out
+    assert f"rope_theta + rope_scaling say rope_type=default rope_theta={2 * THETA}" in out
+    assert "transformers 5 and vLLM read rope_parameters, transformers 4 reads" in out
+    data["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    assert config(path, "--check") == 1
+    assert "vLLM read rope_scaling (set, it wins)" in capsys.readouterr().out
+    assert config_files.current_spec(path).describe().startswith("linear factor=2")
+    data["rope_theta"] = THETA  # agreeing blocks are not reported
+    data["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": THETA}
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    assert "two RoPE blocks" not in " ".join(config_files.show(path)["inconsistencies"])
+
+
 def test_format_alone_keeps_the_settings(folder):
     path = folder("qwen3", "v5")
     assert config(path, "--format", "v4", "--in-place") == 0

@@ -203,12 +203,20 @@ def _scale(
             doc.remove(key)
     scaling = config.get("rope_scaling")
     legacy = isinstance(scaling, dict) and "type" in scaling and "rope_type" not in scaling
+    # The rotated share of each head stays the model's: in rope_parameters, where transformers
+    # 5 and vLLM read it first, or top-level beside rope_scaling (which is replaced whole).
+    partial = rope_parameters_of(config).get("partial_rotary_factor")
+    partial = config.get("partial_rotary_factor") if partial is None else partial
     for key, value in to_hf(spec, format).items():
         if value is None and key not in config:
             continue
         if key == "rope_scaling" and legacy and value:  # keep the file's spelling `type`
             value = {"type" if k == "rope_type" else k: v for k, v in value.items()}
+        if key == "rope_parameters" and partial is not None:
+            value = {**value, "partial_rotary_factor": partial}
         doc.set(key, value)
+    if format == "v4" and partial is not None:
+        doc.set("partial_rotary_factor", partial)
     out = dict(native)
     out[CONFIG] = doc.text
     records = {CONFIG: doc.record()} if doc.text != native[CONFIG] else {}
@@ -403,6 +411,43 @@ def _limit(texts: dict[str, str], name: str, key: str) -> int | None:
     return json.loads(texts[name]).get(key) if name in texts else None
 
 
+def _recorded_rotary_dim(texts: dict[str, str]) -> int | None:
+    """The rotary dim config.json had before yarnlib rewrote it (None without a record)."""
+    config = json.loads(texts[CONFIG])
+    try:
+        native = json.loads(undo(texts[CONFIG], config[RECORD][CONFIG]))
+        return rotary_dim_of(native, rope_parameters_of(native))
+    except (AttributeError, KeyError, TypeError, ValueError):  # no record, or a damaged one
+        return None
+
+
+def _disagreeing_blocks(config: dict[str, Any]) -> str | None:
+    """What transformers reads when config.json holds v4 keys (rope_theta + rope_scaling) and a
+    v5 rope_parameters block that say different things (None when they agree)."""
+    has_v4 = config.get("rope_scaling") or config.get("rope_theta") is not None
+    if not (has_v4 and config.get("rope_parameters")):
+        return None
+    shared = {k: config[k] for k in ("rope_theta", "partial_rotary_factor") if k in config}
+    v4 = rope_parameters_of({**shared, "rope_scaling": config.get("rope_scaling")})
+    v5 = rope_parameters_of({**shared, "rope_parameters": config["rope_parameters"]})
+    if shared.get("partial_rotary_factor") is not None:
+        for params in (v4, v5):
+            params.setdefault("partial_rotary_factor", shared["partial_rotary_factor"])
+    if v4 == v5:
+        return None
+    read = "rope_scaling (set, it wins)" if config.get("rope_scaling") else "rope_parameters"
+    return (
+        f"config.json holds two RoPE blocks that disagree: rope_theta + rope_scaling say "
+        f"{_flat(v4)}, rope_parameters says {_flat(v5)}; transformers 5 and vLLM read {read}, "
+        "transformers 4 reads rope_theta + rope_scaling (a rewrite keeps the one transformers "
+        "5 reads)"
+    )
+
+
+def _flat(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
 def show(model_dir: str | Path) -> dict[str, Any]:
     """The RoPE settings transformers and vLLM read from the folder, and what disagrees."""
     texts = read_files(model_dir)
@@ -429,6 +474,17 @@ def show(model_dir: str | Path) -> dict[str, Any]:
                 f"the RoPE keys were edited after yarnlib wrote {MARKER}: readers run "
                 f"{spec.describe()}, not {marked.describe()}"
             )
+    native_dim = _recorded_rotary_dim(texts)
+    if spec is not None and native_dim not in (None, spec.rotary_dim):
+        problems.append(
+            f"transformers and vLLM rotate {spec.rotary_dim} dims of each head, but before "
+            f"yarnlib rewrote config.json they rotated {native_dim}: its partial_rotary_factor "
+            "was lost (older yarnlib versions dropped it from rope_parameters); restore the "
+            ".bak files and rewrite"
+        )
+    blocks = _disagreeing_blocks(config)
+    if blocks:
+        problems.append(blocks)
     native = extended = None
     if spec is not None:
         native = spec.original_max_position_embeddings
