@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -25,6 +27,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 from yarnlib import config_files
 from yarnlib.cli import main
 from yarnlib.convert import MARKER, native_rope_parameters, to_hf
+from yarnlib.file_set import JOURNAL
 from yarnlib.spec import RopeScaling
 
 ROTARY = {
@@ -400,6 +403,68 @@ def fake_hf_cache(root: Path, source: Path) -> tuple[Path, Path, Path]:
         for rev in revisions:
             (rev / file.name).symlink_to(Path("../../blobs") / digest)
     return repo, revisions[0], revisions[1]
+
+
+def killed_at(path: Path, args: list[str], step: int) -> bool:
+    """Run ``yarnlib config PATH ARGS`` in a forked child that SIGKILLs itself at its step-th
+    rename or journal removal; True if it got that far."""
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+            steps = itertools.count(1)
+            rename, unlink = os.replace, os.unlink
+
+            def step_then(function, *call):
+                if next(steps) == step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return function(*call)
+
+            os.replace = lambda *call: step_then(rename, *call)
+            os.unlink = lambda name: (
+                step_then(unlink, name) if Path(name).name == JOURNAL else unlink(name)
+            )
+            main(["config", str(path), *args])
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFSIGNALED(status)
+
+
+@pytest.mark.parametrize("args", (["--factor", "4"], ["--reset"]), ids=("scale", "reset"))
+def test_a_kill_between_renames_is_completed_by_rerunning(folder, tmp_path, capsys, args):
+    start = folder("qwen3", "v5", "start")
+    if args == ["--reset"]:
+        assert config(start, "--factor", "4", "--in-place") == 0
+    uninterrupted = tmp_path / "uninterrupted"
+    shutil.copytree(start, uninterrupted)
+    assert config(uninterrupted, *args, "--in-place") == 0
+    expected = snapshot(uninterrupted)
+    journals = 0
+    for step in itertools.count(1):
+        path = tmp_path / f"killed-at-{step}"
+        shutil.copytree(start, path)
+        if not killed_at(path, [*args, "--in-place"], step):
+            break
+        capsys.readouterr()
+        if (path / JOURNAL).exists():  # half old, half new: readers refuse it
+            journals += 1
+            assert config(path) == 2 and "was interrupted" in capsys.readouterr().err
+        assert config(path, *args, "--in-place") == 0
+        assert snapshot(path) == expected, f"killed at step {step}"
+    # every rename (journal, a .bak and the new text of each of 3 files) and the journal removal
+    assert (step, journals) == ((9, 7) if args == ["--factor", "4"] else (6, 4))
+
+
+def test_a_file_edited_after_a_kill_is_not_overwritten(folder, capsys):
+    path = folder("qwen3", "v5")
+    # renamed: the journal, config.json.bak, config.json, tokenizer_config.json.bak
+    assert killed_at(path, ["--factor", "4", "--in-place"], 5)
+    (path / "tokenizer_config.json").write_text('{"model_max_length": 7}')
+    before = {k: v for k, v in snapshot(path).items() if not k.endswith(".tmp")}
+    assert config(path, "--factor", "4", "--in-place") == 2
+    assert "tokenizer_config.json changed after the rewrite" in capsys.readouterr().err
+    assert snapshot(path) == before  # only the killed run's temporary files are gone
 
 
 def test_hf_cache_symlinks_are_replaced_not_written_through(folder, tmp_path):

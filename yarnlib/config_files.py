@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from yarnlib import file_set
 from yarnlib.convert import (
     DEFAULT_ROPE_THETA,
     HF_DYNAMIC_YARN,
@@ -92,6 +93,7 @@ def read_files(model_dir: str | Path) -> dict[str, str]:
     folder = Path(model_dir)
     if not folder.is_dir():
         raise ValueError(f"model_dir: {str(model_dir)!r} is not a folder")
+    file_set.check_complete(folder, "the `yarnlib config ... --in-place` command")
     if not (folder / CONFIG).is_file():
         raise ValueError(f"model_dir: no config.json in {str(model_dir)!r}")
     texts = {}
@@ -287,29 +289,6 @@ def diff(changes: list[Change]) -> str:
 # -- writing ------------------------------------------------------------------------------------
 
 
-def _stage(path: Path, data: bytes, mode: int) -> Path:
-    """Write ``data`` to a temporary file beside ``path``, flushed to disk."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return Path(tmp)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _mode(path: Path) -> int:
     return path.stat().st_mode & 0o777 if path.exists() else 0o644
 
@@ -319,24 +298,20 @@ def _write_in_place(folder: Path, changes: list[Change]) -> list[Path]:
     # (or an HF cache mounted so) is not ours to change.
     if not os.access(folder, os.W_OK) or not folder.stat().st_mode & 0o222:
         raise ValueError(f"model_dir: {folder} is read-only; nothing was written (try --output)")
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for change in changes:
-            path = folder / change.name
-            backup = folder / (change.name + ".bak")
-            if not backup.exists():
-                staged.append((_stage(backup, change.before.encode(), _mode(path)), backup))
-            staged.append((_stage(path, change.after.encode(), _mode(path)), path))
-    except OSError as error:
-        for tmp, _ in staged:
-            tmp.unlink()
-        raise ValueError(f"model_dir: cannot write in {folder}: {error.strerror}") from None
-    # os.replace swaps a symlink (an HF cache snapshot entry) for the new file: the shared
-    # blob it pointed to is never written.
-    for tmp, path in staged:
-        os.replace(tmp, path)
-    _fsync_dir(folder)
-    return [path for _, path in staged]
+    writes = []
+    for change in changes:
+        mode = _mode(folder / change.name)
+        if not (folder / (change.name + ".bak")).exists():
+            writes.append(file_set.Write(change.name + ".bak", None, change.before, mode))
+        writes.append(file_set.Write(change.name, change.before, change.after, mode))
+    # one set: a kill between two renames leaves a journal that complete_interrupted finishes
+    return file_set.write(folder, writes)
+
+
+def complete_interrupted(model_dir: str | Path) -> list[Path]:
+    """Finish an in-place rewrite that a kill interrupted (and remove the temporary files killed
+    writes left); returns the files written."""
+    return file_set.complete(Path(model_dir), (*FILES, *(name + ".bak" for name in FILES)))
 
 
 def _write_output(source: Path, output: Path, changes: list[Change], weights: str) -> list[Path]:

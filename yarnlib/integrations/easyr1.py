@@ -51,6 +51,8 @@ def apply(
         )
     total = sequence_length(cfg, spec, "max_prompt_length", "max_response_length")
     kwargs = llm_kwargs(spec, max_model_len=total)
+    if in_place:
+        config_files.complete_interrupted(path)
     changes = config_files.plan(path, spec)
     config_files.apply(path, changes, in_place=in_place, output=output)
     if output is not None:
