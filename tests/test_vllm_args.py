@@ -14,6 +14,7 @@ METHODS = ["none", "linear", "ntk", "ntk_by_parts", "yarn", "dynamic_ntk", "dyna
 
 
 def spec(method, factor=4.0, **knobs):
+    factor = 1.0 if method == "none" else factor  # none scales nothing
     return RopeScaling(method, factor, 4096, 1e6, 128, **knobs)
 
 
@@ -22,7 +23,7 @@ def test_kwargs_carry_theta_and_limits(method):
     kwargs = llm_kwargs(spec(method))
     overrides = kwargs["hf_overrides"]
     assert overrides["rope_parameters"]["rope_theta"] == overrides["rope_theta"]
-    assert kwargs["max_model_len"] == 4096 * 4
+    assert kwargs["max_model_len"] == 4096 * spec(method).factor
     if method.startswith("dynamic"):
         assert overrides["rope_parameters"]["rope_type"] == PLUGIN_TYPES[method]
         # as in config.json: vLLM multiplies L by factor for types it does not know
