@@ -58,18 +58,20 @@ def write(folder: Path, writes: list[Write]) -> list[Path]:
     try:
         for w in writes:
             staged.append((_stage(folder / w.name, w.after.encode(), w.mode), folder / w.name))
-        staged.insert(0, (_stage(folder / JOURNAL, journal.encode(), 0o644), folder / JOURNAL))
+        staged_journal = _stage(folder / JOURNAL, journal.encode(), 0o644)
     except OSError as error:
         for tmp, _ in staged:
             tmp.unlink()
         raise ValueError(f"model_dir: cannot write in {folder}: {error.strerror}") from None
+    os.replace(staged_journal, folder / JOURNAL)
+    _fsync_dir(folder)  # the journal is on disk before any file changes
     # os.replace swaps a symlink (an HF cache snapshot entry) for the new file: the shared
     # blob it pointed to is never written.
     for tmp, path in staged:
         os.replace(tmp, path)
     _fsync_dir(folder)
     os.unlink(folder / JOURNAL)
-    return [path for _, path in staged[1:]]
+    return [path for _, path in staged]
 
 
 def check_complete(folder: Path, command: str) -> None:
