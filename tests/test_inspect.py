@@ -10,6 +10,7 @@ import pytest
 from yarnlib import RopeScaling
 from yarnlib.cli import main
 from yarnlib.convert import to_hf
+from yarnlib.inspect_cli import check_plot_path
 
 ARGS = [
     "inspect",
@@ -90,7 +91,7 @@ def test_plot_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
     assert (tmp_path / "config.json").read_text() == original
     data = json.loads((tmp_path / "config.png.json").read_text())
     assert data["frequency_ratio"]["none"] == [1.0] * 8
-    assert main(["inspect", str(tmp_path), "--plot", str(tmp_path / "config.png")]) == 0  # ours
+    check_plot_path(tmp_path / "config.png")  # its own data file may be replaced next time
     capsys.readouterr()
     (tmp_path / "notes.png.json").write_text("my notes")
     for plot, message in (("notes.png", "not written by"), ("config.json", "must end in")):
