@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -25,6 +27,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 from yarnlib import config_files
 from yarnlib.cli import main
 from yarnlib.convert import MARKER, native_rope_parameters, to_hf
+from yarnlib.file_set import JOURNAL
 from yarnlib.spec import RopeScaling
 
 ROTARY = {
@@ -168,6 +171,49 @@ def test_format_option_converts_and_reset_restores(folder, fmt):
         assert config(path, "--reset", "--in-place") == 0
         after = snapshot(path)
         assert {k: v for k, v in after.items() if not k.endswith(".bak")} == before
+
+
+@pytest.mark.parametrize("fmt", ("auto", "v4"))
+def test_partial_rotary_factor_inside_rope_parameters_is_kept(folder, capsys, fmt):
+    path = folder("llama", "v5")
+    data = json.loads((path / "config.json").read_text())
+    data.pop("partial_rotary_factor", None)
+    data["rope_parameters"]["partial_rotary_factor"] = 0.5
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    before = snapshot(path)
+    assert config(path, "--factor", "4", "--format", fmt, "--in-place") == 0
+    assert_runs(path, RopeScaling("yarn", 4, L, THETA, HEAD_DIM // 2))  # 8 of 16 dims rotate
+    assert config(path, "--check") == 0
+    assert config(path, "--reset", "--in-place") == 0
+    assert {k: v for k, v in snapshot(path).items() if not k.endswith(".bak")} == before
+    # what an older yarnlib wrote: the factor dropped, transformers rotating all 16 dims
+    assert config(path, "--factor", "4", "--in-place") == 0
+    data = json.loads((path / "config.json").read_text())
+    del data["rope_parameters"]["partial_rotary_factor"]
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    capsys.readouterr()
+    assert config(path, "--check") == 1
+    assert "rotate 16 dims of each head, but before yarnlib rewrote" in capsys.readouterr().out
+
+
+def test_disagreeing_v4_and_v5_blocks_are_reported(folder, capsys):
+    path = folder("qwen2", "v5")
+    data = json.loads((path / "config.json").read_text())
+    data["rope_theta"] = 2 * THETA  # a v4 reader (transformers 4) takes this one
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    assert config(path, "--check") == 1
+    out = capsys.readouterr().out
+    assert f"rope_theta + rope_scaling say rope_type=default rope_theta={2 * THETA}" in out
+    assert "transformers 5 and vLLM read rope_parameters, transformers 4 reads" in out
+    data["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    assert config(path, "--check") == 1
+    assert "vLLM read rope_scaling (set, it wins)" in capsys.readouterr().out
+    assert config_files.current_spec(path).describe().startswith("linear factor=2")
+    data["rope_theta"] = THETA  # agreeing blocks are not reported
+    data["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": THETA}
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    assert "two RoPE blocks" not in " ".join(config_files.show(path)["inconsistencies"])
 
 
 def test_format_alone_keeps_the_settings(folder):
@@ -359,6 +405,68 @@ def fake_hf_cache(root: Path, source: Path) -> tuple[Path, Path, Path]:
     return repo, revisions[0], revisions[1]
 
 
+def killed_at(path: Path, args: list[str], step: int) -> bool:
+    """Run ``yarnlib config PATH ARGS`` in a forked child that SIGKILLs itself at its step-th
+    rename or journal removal; True if it got that far."""
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+            steps = itertools.count(1)
+            rename, unlink = os.replace, os.unlink
+
+            def step_then(function, *call):
+                if next(steps) == step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return function(*call)
+
+            os.replace = lambda *call: step_then(rename, *call)
+            os.unlink = lambda name: (
+                step_then(unlink, name) if Path(name).name == JOURNAL else unlink(name)
+            )
+            main(["config", str(path), *args])
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFSIGNALED(status)
+
+
+@pytest.mark.parametrize("args", (["--factor", "4"], ["--reset"]), ids=("scale", "reset"))
+def test_a_kill_between_renames_is_completed_by_rerunning(folder, tmp_path, capsys, args):
+    start = folder("qwen3", "v5", "start")
+    if args == ["--reset"]:
+        assert config(start, "--factor", "4", "--in-place") == 0
+    uninterrupted = tmp_path / "uninterrupted"
+    shutil.copytree(start, uninterrupted)
+    assert config(uninterrupted, *args, "--in-place") == 0
+    expected = snapshot(uninterrupted)
+    journals = 0
+    for step in itertools.count(1):
+        path = tmp_path / f"killed-at-{step}"
+        shutil.copytree(start, path)
+        if not killed_at(path, [*args, "--in-place"], step):
+            break
+        capsys.readouterr()
+        if (path / JOURNAL).exists():  # half old, half new: readers refuse it
+            journals += 1
+            assert config(path) == 2 and "was interrupted" in capsys.readouterr().err
+        assert config(path, *args, "--in-place") == 0
+        assert snapshot(path) == expected, f"killed at step {step}"
+    # every rename (journal, a .bak and the new text of each of 3 files) and the journal removal
+    assert (step, journals) == ((9, 7) if args == ["--factor", "4"] else (6, 4))
+
+
+def test_a_file_edited_after_a_kill_is_not_overwritten(folder, capsys):
+    path = folder("qwen3", "v5")
+    # renamed: the journal, config.json.bak, config.json, tokenizer_config.json.bak
+    assert killed_at(path, ["--factor", "4", "--in-place"], 5)
+    (path / "tokenizer_config.json").write_text('{"model_max_length": 7}')
+    before = {k: v for k, v in snapshot(path).items() if not k.endswith(".tmp")}
+    assert config(path, "--factor", "4", "--in-place") == 2
+    assert "tokenizer_config.json changed after the rewrite" in capsys.readouterr().err
+    assert snapshot(path) == before  # only the killed run's temporary files are gone
+
+
 def test_hf_cache_symlinks_are_replaced_not_written_through(folder, tmp_path):
     repo, rev1, rev2 = fake_hf_cache(tmp_path / "hub", folder("qwen3", "v5"))
     blobs, other = snapshot(repo / "blobs"), snapshot(rev2)
@@ -397,6 +505,8 @@ def bad_inputs(path: Path) -> dict[str, tuple[list[str], str]]:
     return {
         "unknown method": (["--method", "rope2", "--factor", "4", "--in-place"], "rope2"),
         "factor below 1": (["--factor", "0.5", "--in-place"], "factor must be >= 1"),
+        "factor too large": (["--factor", "1e300", "--in-place"], "factor must be <= 1024"),
+        "empty method": (["--method", "", "--factor", "4", "--in-place"], "method: unknown"),
         "none with factor": (["--method", "none", "--factor", "4", "--in-place"], "factor"),
         "no destination": (["--factor", "4"], "--in-place"),
         "reset and factor": (["--reset", "--factor", "4", "--in-place"], "--reset"),
@@ -517,6 +627,23 @@ def test_damaged_record_exits_2(folder, capsys):
     assert config(path, "--reset", "--in-place") == 2
     assert "is damaged" in capsys.readouterr().err
     assert snapshot(path) == before
+
+
+def test_unknown_key_in_the_marker_is_one_line_and_exit_2(folder, capsys):
+    path = folder("qwen3", "v5")
+    assert config(path, "--factor", "4", "--in-place") == 0
+    data = json.loads((path / "config.json").read_text())
+    data[MARKER]["fctor"] = 8
+    (path / "config.json").write_text(json.dumps(data, indent=2))
+    capsys.readouterr()
+    for command in (
+        ["config", str(path)],
+        ["inspect", str(path)],
+        ["vllm-args", str(path), "--factor", "2"],
+    ):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{MARKER}: unknown key 'fctor'" in err, command
 
 
 def test_show_rope_types_yarnlib_does_not_know(folder):

@@ -2,12 +2,15 @@
 
 import json
 import math
+import os
+import sys
 
 import pytest
 
 from yarnlib import RopeScaling
 from yarnlib.cli import main
 from yarnlib.convert import to_hf
+from yarnlib.inspect_cli import check_plot_path
 
 ARGS = [
     "inspect",
@@ -46,7 +49,7 @@ def test_table_and_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "wavelength" in out and "attention_factor=1.13863" in out
     assert png.stat().st_size > 10_000
-    data = json.loads(png.with_suffix(".json").read_text())
+    data = json.loads((tmp_path / "curves.png.json").read_text())
     assert set(data["frequency_ratio"]) >= {"none", "linear", "yarn", "dynamic_yarn"}
     assert data["frequency_ratio"]["linear"] == pytest.approx([0.25] * 32)
 
@@ -69,8 +72,46 @@ def test_model_folder(tmp_path, capsys):
 def test_bad_input_exits_2(tmp_path, capsys):
     assert main(["inspect", "--method", "magic", "--rotary-dim", "64"]) == 2
     assert "method" in capsys.readouterr().err
+    assert main(["inspect", "--method", "none", "--factor", "4", "--rotary-dim", "64"]) == 2
+    assert "factor: method 'none' scales nothing" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path)]) == 2
     assert "config.json" in capsys.readouterr().err
     (tmp_path / "config.json").write_text('{\n  "model_type": "llama",\n  oops\n}')
     assert main(["inspect", str(tmp_path)]) == 2
     assert "line 3" in capsys.readouterr().err
+
+
+def test_plot_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
+    config = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}
+    config.update(to_hf(RopeScaling("yarn", 4, 256, 1e4, 16)))
+    original = json.dumps(config, indent=2)
+    (tmp_path / "config.json").write_text(original)
+    # the data file of DIR/config.png used to be DIR/config.json
+    assert main(["inspect", str(tmp_path), "--plot", str(tmp_path / "config.png")]) == 0
+    assert (tmp_path / "config.json").read_text() == original
+    data = json.loads((tmp_path / "config.png.json").read_text())
+    assert data["frequency_ratio"]["none"] == [1.0] * 8
+    check_plot_path(tmp_path / "config.png")  # its own data file may be replaced next time
+    capsys.readouterr()
+    (tmp_path / "notes.png.json").write_text("my notes")
+    for plot, message in (("notes.png", "not written by"), ("config.json", "must end in")):
+        assert main(["inspect", str(tmp_path), "--plot", str(tmp_path / plot)]) == 2
+        assert message in capsys.readouterr().err
+    assert (tmp_path / "notes.png.json").read_text() == "my notes"
+    assert (tmp_path / "config.json").read_text() == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.json",
+        "config.png",
+        "config.png.json",
+        "notes.png.json",
+    ]
+
+
+def test_output_cut_short_by_a_closed_pipe_is_quiet(monkeypatch):
+    """`yarnlib inspect ... | head -1`: no BrokenPipeError traceback, the shell's SIGPIPE code."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # as `head` exits
+    stdout = open(write_end, "w")  # noqa: SIM115 (closed below, after main)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert main([*ARGS[:-1], "4096"]) == 141  # 2048 rows, more than a pipe holds
+    stdout.close()  # the exit flush of what is still buffered: must not raise either

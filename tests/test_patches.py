@@ -19,6 +19,7 @@ ORIGINAL = 256  # tiny_config's max_position_embeddings
 torch.manual_seed(0)
 IDS = torch.randint(0, 128, (2, 3 * ORIGINAL))
 LENGTHS = (100, 3 * ORIGINAL)  # below and above the original context
+FACTOR = {m: 1.0 if m == "none" else 4.0 for m in yarnlib.METHODS}  # none scales nothing
 
 
 def logits(model, ids=IDS, **kwargs):
@@ -99,7 +100,7 @@ SAVE_AND_RELOAD = textwrap.dedent(
     "method", ["none", "linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn"]
 )
 def test_save_pretrained_reloads_without_yarnlib(method, tmp_path):
-    model = yarnlib.patch(tiny_model("llama"), method, 4.0)
+    model = yarnlib.patch(tiny_model("llama"), method, FACTOR[method])
     model.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert MARKER in saved or method == "none"
@@ -166,7 +167,7 @@ def test_patch_an_already_scaled_config_rescales_from_its_original():
 
 @pytest.mark.parametrize("method", yarnlib.METHODS)
 def test_greedy_generation_same_with_and_without_cache(method):
-    model = yarnlib.patch(tiny_model("qwen3"), method, 4.0)
+    model = yarnlib.patch(tiny_model("qwen3"), method, FACTOR[method])
     prompt = IDS[:1, : ORIGINAL - 20]  # generation crosses the original context
     kwargs = dict(max_new_tokens=60, do_sample=False, pad_token_id=0)
     cached = model.generate(prompt, use_cache=True, **kwargs)
@@ -218,7 +219,7 @@ def reference_partial_apply(q, k, cos, sin, unsqueeze_dim=1):
 @pytest.mark.parametrize("method", ["none", "yarn", "linear"])
 def test_partial_rotary(method, monkeypatch):
     overrides = dict(partial_rotary_factor=0.5)
-    model = yarnlib.patch(tiny_model("llama", **overrides), method, 4.0)
+    model = yarnlib.patch(tiny_model("llama", **overrides), method, FACTOR[method])
     assert patch_state(model).spec.rotary_dim == 8
     ours = logits(model)
     # transformers' own tables for the same rope (its default rope ignores the partial
@@ -278,6 +279,8 @@ def test_unsupported_models_are_named():
         yarnlib.patch(tiny_model(), "magic", 4.0)
     with pytest.raises(ValueError, match="factor"):
         yarnlib.patch(tiny_model(), "yarn", 0.5)
+    with pytest.raises(ValueError, match="factor: method 'none'"):
+        yarnlib.patch(tiny_model(), "none", 4.0)
     with pytest.raises(ValueError, match="use_kernel"):
         yarnlib.patch(tiny_model(), "yarn", 2.0, use_kernel="yes")
 

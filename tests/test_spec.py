@@ -10,6 +10,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from yarnlib import METHODS, RopeScaling
 from yarnlib.convert import to_hf
+from yarnlib.eval.methods import Method, parse_methods
+from yarnlib.finetune.loop import rope_spec
 
 HF_NAME = {"linear": "linear", "dynamic_ntk": "dynamic", "yarn": "yarn"}
 HEAD_DIMS = (64, 80, 128, 256)
@@ -189,7 +191,8 @@ def test_aliases():
         "dynamic-yarn": "dynamic_yarn",
     }
     for alias, method in pairs.items():
-        assert RopeScaling(alias, 2, 4096, 1e4, 64).method == method
+        factor = 1 if method == "none" else 2  # none scales nothing
+        assert RopeScaling(alias, factor, 4096, 1e4, 64).method == method
 
 
 def test_frozen_hashable_picklable():
@@ -208,6 +211,8 @@ BAD = [
     ({"factor": 0.5}, "factor"),
     ({"factor": float("nan")}, "factor"),
     ({"factor": float("inf")}, "factor"),
+    ({"factor": 1e300}, "factor must be <= 1024"),
+    ({"method": "none", "factor": 4}, "factor: method 'none' scales nothing"),
     ({"method": "rope-magic"}, "method"),
     ({"rotary_dim": 63}, "rotary_dim"),
     ({"rotary_dim": 0}, "rotary_dim"),
@@ -237,6 +242,17 @@ def test_bad_input_names_the_field(change, field):
     kwargs.update(change)
     with pytest.raises(ValueError, match=field):
         RopeScaling(**kwargs)
+
+
+def test_eval_and_finetune_methods_follow_the_spec_rules():
+    assert parse_methods("none,yarn:4") == [Method("none", 1.0), Method("yarn", 4.0)]
+    for bad, message in (("none:4", "'none:4': factor: method 'none'"), ("yarn:2e3", "<= 1024")):
+        with pytest.raises(ValueError, match=message):
+            parse_methods(bad)
+    config = LlamaConfig(head_dim=16, max_position_embeddings=256)
+    assert rope_spec(config, "none", None, None) is None  # finetune --method none: RoPE as is
+    with pytest.raises(ValueError, match="factor: method 'none'"):
+        rope_spec(config, "none", 4.0, None)
 
 
 def test_unknown_method_lists_known_ones():

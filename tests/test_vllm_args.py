@@ -14,6 +14,7 @@ METHODS = ["none", "linear", "ntk", "ntk_by_parts", "yarn", "dynamic_ntk", "dyna
 
 
 def spec(method, factor=4.0, **knobs):
+    factor = 1.0 if method == "none" else factor  # none scales nothing
     return RopeScaling(method, factor, 4096, 1e6, 128, **knobs)
 
 
@@ -22,7 +23,7 @@ def test_kwargs_carry_theta_and_limits(method):
     kwargs = llm_kwargs(spec(method))
     overrides = kwargs["hf_overrides"]
     assert overrides["rope_parameters"]["rope_theta"] == overrides["rope_theta"]
-    assert kwargs["max_model_len"] == 4096 * 4
+    assert kwargs["max_model_len"] == 4096 * spec(method).factor
     if method.startswith("dynamic"):
         assert overrides["rope_parameters"]["rope_type"] == PLUGIN_TYPES[method]
         # as in config.json: vLLM multiplies L by factor for types it does not know
@@ -93,8 +94,15 @@ def test_cli_prints_kwargs_and_serve_flags(model_dir, capsys):
 
 
 def test_cli_bad_input_names_field(model_dir, capsys):
-    assert cli.main(["vllm-args", str(model_dir), "--method", "rope2", "--factor", "4"]) == 2
-    assert "method" in capsys.readouterr().err
+    for method, factor, message in (
+        ("rope2", "4", "method"),
+        ("", "4", "method: unknown RoPE scaling method ''"),
+        ("none", "4", "factor: method 'none' scales nothing"),
+        ("yarn", "1e300", "factor must be <= 1024"),
+    ):
+        args = ["vllm-args", str(model_dir), "--method", method, "--factor", factor]
+        assert cli.main(args) == 2
+        assert message in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")

@@ -116,7 +116,7 @@ def worker(out: Path) -> None:
     results["plain"]["with_plugin"] = with_plugin.tolist()
 
     def check(name, model_dir, method, max_model_len=None, kwargs=None):
-        spec = spec_for_model(model_dir, method, FACTOR)
+        spec = spec_for_model(model_dir, method, 1.0 if method == "none" else FACTOR)
         reports[name] = check_rollout.compare(
             model_dir, spec, LENGTH, max_model_len=max_model_len, kwargs=kwargs, tolerance=TOLERANCE
         )

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 # module path of each subcommand, in the order `yarnlib --help` lists them
@@ -32,13 +34,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# what a shell reports for a process that SIGPIPE ended, as `yes | head` does
+BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
+        return code
     except ValueError as error:  # bad input: the message names the field and what is allowed
         print(f"yarnlib {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader stopped early (`| head`): nothing left to say
+        # stdout to /dev/null, so that the exit flush of what is still buffered does not raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT
 
 
 if __name__ == "__main__":

@@ -86,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.in_place and args.output:
         raise ValueError("give either --in-place or --output DIR, not both")
+    if args.in_place:
+        for path in config_files.complete_interrupted(args.model_dir):
+            print(f"wrote {path} (completing an interrupted rewrite)")
     spec = None
     if requested:
         spec = config_files.target_spec(args.model_dir, **requested)

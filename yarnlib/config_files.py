@@ -23,12 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from yarnlib import file_set
 from yarnlib.convert import (
     DEFAULT_ROPE_THETA,
     HF_DYNAMIC_YARN,
     MARKER,
+    check_marker,
     from_hf,
     has_rope,
+    marked_spec,
     rope_parameters_of,
     rotary_dim_of,
     to_hf,
@@ -90,6 +93,7 @@ def read_files(model_dir: str | Path) -> dict[str, str]:
     folder = Path(model_dir)
     if not folder.is_dir():
         raise ValueError(f"model_dir: {str(model_dir)!r} is not a folder")
+    file_set.check_complete(folder, "the `yarnlib config ... --in-place` command")
     if not (folder / CONFIG).is_file():
         raise ValueError(f"model_dir: no config.json in {str(model_dir)!r}")
     texts = {}
@@ -181,7 +185,7 @@ def target_spec(
     """The spec for ``method``/``factor`` on this model: its unscaled rope_theta and rotary dim,
     and its original context unless given (the one recorded in an already scaled config)."""
     native = from_hf(json.loads(native_files(read_files(model_dir))[CONFIG]))
-    method = canonical_method(method or "yarn")
+    method = canonical_method("yarn" if method is None else method)
     if factor is None:
         if method != "none":
             raise ValueError(f"factor is required for method {method!r} (e.g. --factor 4)")
@@ -201,12 +205,20 @@ def _scale(
             doc.remove(key)
     scaling = config.get("rope_scaling")
     legacy = isinstance(scaling, dict) and "type" in scaling and "rope_type" not in scaling
+    # The rotated share of each head stays the model's: in rope_parameters, where transformers
+    # 5 and vLLM read it first, or top-level beside rope_scaling (which is replaced whole).
+    partial = rope_parameters_of(config).get("partial_rotary_factor")
+    partial = config.get("partial_rotary_factor") if partial is None else partial
     for key, value in to_hf(spec, format).items():
         if value is None and key not in config:
             continue
         if key == "rope_scaling" and legacy and value:  # keep the file's spelling `type`
             value = {"type" if k == "rope_type" else k: v for k, v in value.items()}
+        if key == "rope_parameters" and partial is not None:
+            value = {**value, "partial_rotary_factor": partial}
         doc.set(key, value)
+    if format == "v4" and partial is not None:
+        doc.set("partial_rotary_factor", partial)
     out = dict(native)
     out[CONFIG] = doc.text
     records = {CONFIG: doc.record()} if doc.text != native[CONFIG] else {}
@@ -253,11 +265,6 @@ def plan(
         dim = rotary_dim_of(native_config, rope_parameters_of(native_config))
         if spec.rotary_dim != dim:
             raise ValueError(f"rotary_dim: the spec has {spec.rotary_dim}, the model has {dim}")
-        if spec.method == "none" and spec.factor != 1:
-            raise ValueError(
-                f"factor: method 'none' scales nothing, so factor must be 1, got {spec.factor:g} "
-                "(to restore the native settings, use reset)"
-            )
         fmt = file_format(native_config) if format == "auto" else format
         after = _scale(native, spec, fmt)
     return [Change(name, texts[name], after[name]) for name in texts]
@@ -282,29 +289,6 @@ def diff(changes: list[Change]) -> str:
 # -- writing ------------------------------------------------------------------------------------
 
 
-def _stage(path: Path, data: bytes, mode: int) -> Path:
-    """Write ``data`` to a temporary file beside ``path``, flushed to disk."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return Path(tmp)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _mode(path: Path) -> int:
     return path.stat().st_mode & 0o777 if path.exists() else 0o644
 
@@ -314,24 +298,20 @@ def _write_in_place(folder: Path, changes: list[Change]) -> list[Path]:
     # (or an HF cache mounted so) is not ours to change.
     if not os.access(folder, os.W_OK) or not folder.stat().st_mode & 0o222:
         raise ValueError(f"model_dir: {folder} is read-only; nothing was written (try --output)")
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for change in changes:
-            path = folder / change.name
-            backup = folder / (change.name + ".bak")
-            if not backup.exists():
-                staged.append((_stage(backup, change.before.encode(), _mode(path)), backup))
-            staged.append((_stage(path, change.after.encode(), _mode(path)), path))
-    except OSError as error:
-        for tmp, _ in staged:
-            tmp.unlink()
-        raise ValueError(f"model_dir: cannot write in {folder}: {error.strerror}") from None
-    # os.replace swaps a symlink (an HF cache snapshot entry) for the new file: the shared
-    # blob it pointed to is never written.
-    for tmp, path in staged:
-        os.replace(tmp, path)
-    _fsync_dir(folder)
-    return [path for _, path in staged]
+    writes = []
+    for change in changes:
+        mode = _mode(folder / change.name)
+        if not (folder / (change.name + ".bak")).exists():
+            writes.append(file_set.Write(change.name + ".bak", None, change.before, mode))
+        writes.append(file_set.Write(change.name, change.before, change.after, mode))
+    # one set: a kill between two renames leaves a journal that complete_interrupted finishes
+    return file_set.write(folder, writes)
+
+
+def complete_interrupted(model_dir: str | Path) -> list[Path]:
+    """Finish an in-place rewrite that a kill interrupted (and remove the temporary files killed
+    writes left); returns the files written."""
+    return file_set.complete(Path(model_dir), (*FILES, *(name + ".bak" for name in FILES)))
 
 
 def _write_output(source: Path, output: Path, changes: list[Change], weights: str) -> list[Path]:
@@ -406,6 +386,43 @@ def _limit(texts: dict[str, str], name: str, key: str) -> int | None:
     return json.loads(texts[name]).get(key) if name in texts else None
 
 
+def _recorded_rotary_dim(texts: dict[str, str]) -> int | None:
+    """The rotary dim config.json had before yarnlib rewrote it (None without a record)."""
+    config = json.loads(texts[CONFIG])
+    try:
+        native = json.loads(undo(texts[CONFIG], config[RECORD][CONFIG]))
+        return rotary_dim_of(native, rope_parameters_of(native))
+    except (AttributeError, KeyError, TypeError, ValueError):  # no record, or a damaged one
+        return None
+
+
+def _disagreeing_blocks(config: dict[str, Any]) -> str | None:
+    """What transformers reads when config.json holds v4 keys (rope_theta + rope_scaling) and a
+    v5 rope_parameters block that say different things (None when they agree)."""
+    has_v4 = config.get("rope_scaling") or config.get("rope_theta") is not None
+    if not (has_v4 and config.get("rope_parameters")):
+        return None
+    shared = {k: config[k] for k in ("rope_theta", "partial_rotary_factor") if k in config}
+    v4 = rope_parameters_of({**shared, "rope_scaling": config.get("rope_scaling")})
+    v5 = rope_parameters_of({**shared, "rope_parameters": config["rope_parameters"]})
+    if shared.get("partial_rotary_factor") is not None:
+        for params in (v4, v5):
+            params.setdefault("partial_rotary_factor", shared["partial_rotary_factor"])
+    if v4 == v5:
+        return None
+    read = "rope_scaling (set, it wins)" if config.get("rope_scaling") else "rope_parameters"
+    return (
+        f"config.json holds two RoPE blocks that disagree: rope_theta + rope_scaling say "
+        f"{_flat(v4)}, rope_parameters says {_flat(v5)}; transformers 5 and vLLM read {read}, "
+        "transformers 4 reads rope_theta + rope_scaling (a rewrite keeps the one transformers "
+        "5 reads)"
+    )
+
+
+def _flat(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
 def show(model_dir: str | Path) -> dict[str, Any]:
     """The RoPE settings transformers and vLLM read from the folder, and what disagrees."""
     texts = read_files(model_dir)
@@ -418,18 +435,31 @@ def show(model_dir: str | Path) -> dict[str, Any]:
             f"{DEFAULT_ROPE_THETA:g}"
         )
     params["rope_theta"] = params["rope_theta"] or DEFAULT_ROPE_THETA
+    if MARKER in config:  # a damaged record is an error, as when rewriting
+        check_marker(config[MARKER])
     try:
         spec = from_hf(config)
     except ValueError as error:
         spec = None
         problems.append(f"yarnlib cannot read these settings: {error}")
-    if spec is not None and isinstance(config.get(MARKER), dict):
-        marked = RopeScaling(**config[MARKER], rotary_dim=spec.rotary_dim)
+    if spec is not None and MARKER in config:
+        marked = marked_spec(config, spec.rotary_dim)
         if marked != spec:
             problems.append(
                 f"the RoPE keys were edited after yarnlib wrote {MARKER}: readers run "
                 f"{spec.describe()}, not {marked.describe()}"
             )
+    native_dim = _recorded_rotary_dim(texts)
+    if spec is not None and native_dim not in (None, spec.rotary_dim):
+        problems.append(
+            f"transformers and vLLM rotate {spec.rotary_dim} dims of each head, but before "
+            f"yarnlib rewrote config.json they rotated {native_dim}: its partial_rotary_factor "
+            "was lost (older yarnlib versions dropped it from rope_parameters); restore the "
+            ".bak files and rewrite"
+        )
+    blocks = _disagreeing_blocks(config)
+    if blocks:
+        problems.append(blocks)
     native = extended = None
     if spec is not None:
         native = spec.original_max_position_embeddings

@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from yarnlib.frequencies import ntk_theta
-from yarnlib.spec import RAMP_METHODS, STATIC_METHODS, YARN_KNOB_DEFAULTS, RopeScaling
+from yarnlib.spec import FIELDS, RAMP_METHODS, STATIC_METHODS, YARN_KNOB_DEFAULTS, RopeScaling
 
 MARKER = "yarnlib_rope_scaling"
+MARKER_FIX = f"; delete the key {MARKER!r} to take the rope settings as they are"
 HF_DYNAMIC_YARN = "yarnlib_dynamic_yarn"
 # The rope_type each method is written as in a config file.
 NATIVE_TYPE = {
@@ -234,9 +235,31 @@ def from_hf(config: Any, rotary_dim: int | None = None) -> RopeScaling:
     if rotary_dim is None:
         rotary_dim = rotary_dim_of(cfg, params)
     spec = native_spec(cfg, rotary_dim)
-    recorded = cfg.get(MARKER)
-    if isinstance(recorded, Mapping):
-        marked = RopeScaling(**recorded, rotary_dim=rotary_dim)
-        if native_rope_parameters(marked) == native_rope_parameters(spec):
-            return marked
+    marked = marked_spec(cfg, rotary_dim)
+    if marked is not None and native_rope_parameters(marked) == native_rope_parameters(spec):
+        return marked
     return spec
+
+
+def marked_spec(cfg: Mapping[str, Any], rotary_dim: int) -> RopeScaling | None:
+    """The spec recorded under ``yarnlib_rope_scaling`` (None without one)."""
+    recorded = cfg.get(MARKER)
+    if recorded is None:
+        return None
+    check_marker(recorded)
+    try:
+        return RopeScaling(**recorded, rotary_dim=rotary_dim)
+    except ValueError as error:
+        raise ValueError(f"{MARKER}: {error}{MARKER_FIX}") from None
+
+
+def check_marker(recorded: Any) -> None:
+    """Refuse a ``yarnlib_rope_scaling`` record that is not an object of spec fields."""
+    if not isinstance(recorded, Mapping):
+        raise ValueError(f"{MARKER} must be an object, got {recorded!r}{MARKER_FIX}")
+    allowed = [f for f in FIELDS if f != "rotary_dim"]  # the config's head_dim says it
+    unknown = sorted(set(recorded) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"{MARKER}: unknown key {unknown[0]!r} (known: {', '.join(allowed)}){MARKER_FIX}"
+        )

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from yarnlib.config_files import current_spec
 from yarnlib.frequencies import base_inv_freq, extrapolation_weight
-from yarnlib.spec import METHODS, RAMP_METHODS, RopeScaling
+from yarnlib.spec import METHODS, RAMP_METHODS, RopeScaling, canonical_method
+
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+DATA_WRITER = "yarnlib inspect --plot"  # marks the data files a later plot may replace
 
 
 def dimension_table(spec: RopeScaling, seq_len: int | None = None) -> list[dict[str, Any]]:
@@ -85,7 +89,7 @@ def plot(spec: RopeScaling, path: Path) -> dict[str, Any]:
             knobs = {k: v for k, v in knobs.items() if k in ("beta_fast", "beta_slow", "truncate")}
         other = RopeScaling(
             method=method,
-            factor=spec.factor,
+            factor=1.0 if method == "none" else spec.factor,
             original_max_position_embeddings=original,
             rope_theta=spec.rope_theta,
             rotary_dim=spec.rotary_dim,
@@ -106,11 +110,56 @@ def plot(spec: RopeScaling, path: Path) -> dict[str, Any]:
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    _replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format=path.suffix[1:]))
     plt.close(fig)
-    data = {"seq_len": seq_len, "frequency_ratio": curves, "spec": spec.fields()}
-    path.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
+    data = {
+        "written_by": DATA_WRITER,
+        "seq_len": seq_len,
+        "frequency_ratio": curves,
+        "spec": spec.fields(),
+    }
+    text = json.dumps(data, indent=2) + "\n"
+    _replace_atomically(data_path(path), lambda tmp: Path(tmp).write_text(text))
     return data
+
+
+def data_path(plot_path: Path) -> Path:
+    """The plot's numbers: its name plus ``.json`` (``curves.png.json``), never a name such as
+    ``config.json`` that the plot's folder may already hold."""
+    return plot_path.with_name(plot_path.name + ".json")
+
+
+def check_plot_path(plot_path: Path) -> None:
+    """Refuse, before anything is drawn, a plot that would replace a file it does not own."""
+    if plot_path.suffix.lower() not in PLOT_FORMATS:
+        raise ValueError(
+            f"plot: {str(plot_path)!r} must end in one of {', '.join(PLOT_FORMATS)} (the image)"
+        )
+    data = data_path(plot_path)
+    if data.exists() and not _written_by_plot(data):
+        raise ValueError(
+            f"plot: {data} exists and was not written by `yarnlib inspect --plot`; it holds the "
+            "plot's data, so choose another plot name or move that file"
+        )
+
+
+def _written_by_plot(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("written_by") == DATA_WRITER
+
+
+def _replace_atomically(path: Path, write) -> None:
+    """``write(temporary path)``, then rename it over ``path``: a failed run leaves it as it was."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # created with the umask's mode
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def spec_from_args(args: argparse.Namespace) -> RopeScaling:
@@ -124,6 +173,8 @@ def spec_from_args(args: argparse.Namespace) -> RopeScaling:
     if args.model_dir:
         spec = current_spec(args.model_dir)
         changes = {k: v for k, v in given.items() if v is not None}
+        if args.method is not None and canonical_method(args.method) == "none":
+            changes.setdefault("factor", 1.0)  # the folder's factor would not apply
         if args.method and spec.method == "none" and args.original_max_position_embeddings is None:
             changes.setdefault("original_max_position_embeddings", spec.max_position_embeddings)
         return spec.replace(**changes) if changes else spec
@@ -132,6 +183,8 @@ def spec_from_args(args: argparse.Namespace) -> RopeScaling:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        check_plot_path(Path(args.plot))
     spec = spec_from_args(args)
     result = summary(spec, args.seq_len)
     if args.json:
@@ -141,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(spec, Path(args.plot))
         if not args.json:
-            print(f"plot: {args.plot} (data: {Path(args.plot).with_suffix('.json')})")
+            print(f"plot: {args.plot} (data: {data_path(Path(args.plot))})")
     return 0
 
 
@@ -160,5 +213,10 @@ def register(subparsers) -> None:
     parser.add_argument("--rotary-dim", type=int)
     parser.add_argument("--seq-len", type=int, help="current length, for the dynamic methods")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--plot", metavar="FILE.png", help="draw every method's curve side by side")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw every method's curve side by side (.png, .svg or .pdf); the numbers go to "
+        "FILE.png.json",
+    )
     parser.set_defaults(func=run)

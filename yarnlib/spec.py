@@ -33,6 +33,9 @@ YARN_KNOB_DEFAULTS = {
     "attention_factor": None,
     "truncate": True,
 }
+# 1024 × a 128k context is 134M tokens, far past any model that runs; larger factors are typos
+# (1e300 would write a 300-digit max_position_embeddings).
+MAX_FACTOR = 1024.0
 
 
 def canonical_method(method: str) -> str:
@@ -55,6 +58,24 @@ def _finite_number(field: str, value: Any, *, allow_none: bool = False) -> float
     if not math.isfinite(value):
         raise ValueError(f"{field} must be finite, got {value!r}")
     return float(value)
+
+
+def checked_factor(method: str, factor: Any) -> float:
+    """``factor`` as a float, if it is valid for the canonical ``method``."""
+    value = _finite_number("factor", factor)
+    if value < 1:
+        raise ValueError(f"factor must be >= 1 (1 means no scaling), got {factor!r}")
+    if value > MAX_FACTOR:
+        raise ValueError(
+            f"factor must be <= {MAX_FACTOR:g} (a context {MAX_FACTOR:g} × the original), "
+            f"got {factor!r}"
+        )
+    if method == "none" and value != 1:
+        raise ValueError(
+            f"factor: method 'none' scales nothing, so factor must be 1, got {factor!r} "
+            "(pick a scaling method to extend the context)"
+        )
+    return value
 
 
 def _positive_int(field: str, value: Any, *, allow_none: bool = False) -> int | None:
@@ -108,10 +129,7 @@ class RopeScaling:
         set_ = object.__setattr__
         method = canonical_method(method)
         set_(self, "method", method)
-        factor_value = _finite_number("factor", factor)
-        if factor_value < 1:
-            raise ValueError(f"factor must be >= 1 (1 means no scaling), got {factor!r}")
-        set_(self, "factor", factor_value)
+        set_(self, "factor", checked_factor(method, factor))
         theta = _finite_number("rope_theta", rope_theta)
         if theta <= 1:
             raise ValueError(f"rope_theta must be > 1, got {rope_theta!r}")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import yarnlib
 from yarnlib.patches.patch import SUPPORTED, patch_state
-from yarnlib.spec import METHODS, RopeScaling, canonical_method
+from yarnlib.spec import METHODS, RopeScaling, canonical_method, checked_factor
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,12 @@ def parse_methods(text: str, default_factor: float = 2.0) -> list[Method]:
                 f"methods: factor {factor_text!r} in {item!r} is not a number "
                 "(write METHOD or METHOD:FACTOR, e.g. yarn:4)"
             ) from None
-        methods.append(Method(method, 1.0 if method == "none" else factor))
+        if method == "none" and not factor_text:
+            factor = 1.0
+        try:
+            methods.append(Method(method, checked_factor(method, factor)))
+        except ValueError as error:
+            raise ValueError(f"methods: {item!r}: {error}") from None
     if not methods:
         raise ValueError(f"methods: no method given in {text!r}; known: {', '.join(METHODS)}")
     if len(set(methods)) != len(methods):

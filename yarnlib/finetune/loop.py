@@ -37,7 +37,7 @@ from yarnlib.finetune.data import PackedRows, tokenize
 from yarnlib.finetune.logs import LOG_FILE, JsonlLog, choose_trackers, peak_memory_gib
 from yarnlib.models import cache_dir, load_config, resolve
 from yarnlib.patches import choose_attn_implementation
-from yarnlib.spec import RopeScaling, canonical_method
+from yarnlib.spec import RopeScaling, canonical_method, checked_factor
 
 SCHEDULES = {"linear": "linear", "constant": "constant_with_warmup"}
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
@@ -54,6 +54,7 @@ class Result:
 def rope_spec(config, method: str, factor: float, original: int | None) -> RopeScaling | None:
     """The spec the run trains with, validated from the config alone (None: RoPE as is)."""
     if canonical_method(method) == "none":
+        checked_factor("none", 1.0 if factor is None else factor)  # none:4 is not the native RoPE
         return None
     return RopeScaling.from_hf(config).rescaled(method, factor, original)
 

@@ -104,6 +104,8 @@ def rewrite_model_folder(
     """Rewrite the folder at ``model[path_key]`` to run ``spec`` (``yarnlib config``), in place
     or into ``output`` (weights symlinked), and point ``model[path_key]`` at the result."""
     path = model[path_key]
+    if in_place:
+        config_files.complete_interrupted(path)
     config_files.apply(path, config_files.plan(path, spec), in_place=in_place, output=output)
     if output is not None:
         model[path_key] = str(output)
