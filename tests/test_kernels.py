@@ -125,23 +125,29 @@ def make_positions(shape, layout, gen):
     return torch.randint(0, TABLE_ROWS, dims, generator=gen)
 
 
-def run_case(shape, layout, interleaved, dtype, mode, backend):
-    """Our output and the float64 reference for one case; returns ``[(out, ref), ...]``."""
+def run_case(shape, layout, interleaved, dtype, mode, backend, device="cpu", backward=False):
+    """Our output and the float64 reference for one case; returns ``[(out, ref), ...]``.
+
+    ``backward`` adds the gradients of q and k for random output gradients, against the
+    reference rotation by −θ (a rotation's adjoint). benchmarks/gpu_kernels.py runs these
+    cases on CUDA.
+    """
     rotary_dim = shape[5]
     spec = make_spec(rotary_dim)
-    q, k = make_qk(shape, layout, dtype)
+    q, k = (x.to(device).requires_grad_(backward) for x in make_qk(shape, layout, dtype))
     gen = torch.Generator().manual_seed(1)
-    pos = make_positions(shape, layout, gen)
+    pos = make_positions(shape, layout, gen).to(device)
     table_dtype = torch.float32 if dtype == torch.float32 else dtype
     kwargs = dict(layout=layout, interleaved=interleaved, backend=backend)
     if mode == "table_free":
         out = apply_scaled_rotary(q, k, pos, spec, **kwargs)
         # The angle is float32 by contract; everything after it is float64 here.
-        angle = (pos.float()[..., None] * spec.inv_freq()).double()
+        angle = (pos.float()[..., None] * spec.inv_freq().to(device)).double()
         factor = spec.attention_factor()
         cos, sin = angle.cos() * factor, angle.sin() * factor
     else:
-        table_cos, table_sin = rotary_cos_sin(spec, torch.arange(TABLE_ROWS), dtype=table_dtype)
+        rows = torch.arange(TABLE_ROWS, device=device)
+        table_cos, table_sin = rotary_cos_sin(spec, rows, dtype=table_dtype)
         cos, sin = table_cos[pos], table_sin[pos]
         if mode == "table":
             out = apply_rotary(q, k, table_cos, table_sin, pos, **kwargs)
@@ -151,8 +157,16 @@ def run_case(shape, layout, interleaved, dtype, mode, backend):
         cos, sin = cos[..., :half], sin[..., :half]
     if layout == "thd":
         cos, sin = cos[None], sin[None]
-    refs = [reference(x, layout, cos, sin, rotary_dim, interleaved) for x in (q, k)]
-    return list(zip(out, refs, strict=True))
+    refs = [reference(x.detach(), layout, cos, sin, rotary_dim, interleaved) for x in (q, k)]
+    pairs = list(zip(out, refs, strict=True))
+    if backward:
+        grads = [g.to(device) for g in make_qk(shape, layout, dtype, seed=2)]
+        torch.autograd.backward(out, grads)
+        pairs += [
+            (x.grad, reference(g, layout, cos, -sin, rotary_dim, interleaved))
+            for x, g in zip((q, k), grads, strict=True)
+        ]
+    return pairs
 
 
 def cases(shapes):

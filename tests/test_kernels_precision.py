@@ -28,17 +28,19 @@ HEADS, KV_HEADS, HEAD_DIM = 2, 1, 128
 LIBM_SLACK = 1e-6
 
 
-@pytest.fixture(scope="module")
-def setup():
+def long_context_case(device="cpu"):
+    """q, k at positions up to 131071, their float64 reference, and transformers' rotary
+    module (benchmarks/gpu_kernels.py runs this on CUDA)."""
     gen = torch.Generator().manual_seed(0)
     pos = torch.cat(
         [torch.tensor([131071, 131070, 65537]), torch.randint(0, 131072, (253,), generator=gen)]
     )
+    q = torch.randn(1, HEADS, pos.numel(), HEAD_DIM, generator=gen).to(device)
+    k = torch.randn(1, KV_HEADS, pos.numel(), HEAD_DIM, generator=gen).to(device)
+    pos = pos.to(device)
     position_ids = pos[None]
-    q = torch.randn(1, HEADS, pos.numel(), HEAD_DIM, generator=gen)
-    k = torch.randn(1, KV_HEADS, pos.numel(), HEAD_DIM, generator=gen)
     # Reference: the spec's float32 inv_freq, everything else exact in float64.
-    angle = pos.double()[:, None] * SPEC.inv_freq().double()
+    angle = pos.double()[:, None] * SPEC.inv_freq().to(device).double()
     factor = SPEC.attention_factor()
     cos, sin = angle.cos() * factor, angle.sin() * factor
 
@@ -48,9 +50,14 @@ def setup():
 
     config = LlamaConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, head_dim=HEAD_DIM,
                          num_key_value_heads=KV_HEADS, **SPEC.to_hf("v5"))  # fmt: skip
-    rope = LlamaRotaryEmbedding(config)
-    assert torch.equal(rope.inv_freq, SPEC.inv_freq())
+    rope = LlamaRotaryEmbedding(config).to(device)
+    assert torch.equal(rope.inv_freq.cpu(), SPEC.inv_freq())
     return q, k, position_ids, reference, rope
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return long_context_case()
 
 
 def max_error(outs, refs):
@@ -62,18 +69,20 @@ def transformers_rotary(q, k, position_ids, rope):
     return apply_rotary_pos_emb(q, k, cos, sin)
 
 
+def our_rotary(q, k, position_ids, path, backend):
+    if path == "table_free":
+        return apply_scaled_rotary(q, k, position_ids, SPEC, backend=backend)
+    cos, sin = rotary_cos_sin(SPEC, position_ids)
+    return apply_rotary(q, k, cos, sin, backend=backend)
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("path", ["table_free", "table"])
 def test_float32_error_at_131071_is_no_larger_than_transformers(setup, backend, path):
     q, k, position_ids, reference, rope = setup
     refs = reference(q), reference(k)
     theirs = max_error(transformers_rotary(q, k, position_ids, rope), refs)
-    if path == "table_free":
-        outs = apply_scaled_rotary(q, k, position_ids, SPEC, backend=backend)
-    else:
-        cos, sin = rotary_cos_sin(SPEC, position_ids)
-        outs = apply_rotary(q, k, cos, sin, backend=backend)
-    ours = max_error(outs, refs)
+    ours = max_error(our_rotary(q, k, position_ids, path, backend), refs)
     assert 1e-4 < theirs < 0.1  # the float32 angle rounding is visible at these positions
     print(f"\n{path} {backend}: ours {ours:.4g} transformers {theirs:.4g}")
     assert ours <= theirs + LIBM_SLACK, (ours, theirs)
@@ -88,6 +97,6 @@ def test_bfloat16_error_beats_transformers_bfloat16_path(setup, backend):
     qb, kb = q.bfloat16(), k.bfloat16()
     refs = reference(qb), reference(kb)
     theirs = max_error(transformers_rotary(qb, kb, position_ids, rope), refs)
-    ours = max_error(apply_scaled_rotary(qb, kb, position_ids, SPEC, backend=backend), refs)
+    ours = max_error(our_rotary(qb, kb, position_ids, "table_free", backend), refs)
     print(f"\nbf16 {backend}: ours {ours:.4g} transformers {theirs:.4g}")
     assert ours < theirs, (ours, theirs)
