@@ -79,8 +79,10 @@ def main() -> int:
     data = text_folder(args.scratch / "data", [text])
     result = {"tokens": length, "factor": FACTOR, "model_shape": shape or "tests' tiny llama"}
     result["perplexity"] = guarded(perplexity, model, data, length, args.scratch)
+    write_json(args.out, result)  # after every part: a step stopped early keeps what it has
     for name, chunk in (("finetune_chunked", 1024), ("finetune_full_logits", 0)):
         result[name] = guarded(finetune, model, data, length, args.scratch, chunk)
+        write_json(args.out, result)
     summary, passed = [], True
     for name, part in result.items():
         if isinstance(part, dict) and "error" in part:

@@ -16,7 +16,6 @@ instead of two and lengths up to 4k, to keep the run under three minutes on two 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from gpu_check import write_json
 from tqdm import tqdm
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
@@ -58,11 +58,12 @@ def methods(device: torch.device, backend: str = "auto") -> dict:
     def ours_table_free(q, k, position_ids):
         return apply_scaled_rotary(q, k, position_ids, SPEC, backend=backend)
 
-    found = {"hf_eager": hf_eager, "hf_compile": torch.compile(hf_eager)}
+    found = {"hf_eager": hf_eager}
     if device.type == "cuda":
         try:
             from liger_kernel.transformers.rope import liger_rotary_pos_emb
-        except ImportError:
+        except Exception as error:  # absent, or not importable with this torch/transformers
+            print(f"liger: not measured ({type(error).__name__}: {error})")
             liger_rotary_pos_emb = None
         if liger_rotary_pos_emb is not None:
 
@@ -73,6 +74,7 @@ def methods(device: torch.device, backend: str = "auto") -> dict:
             found["liger"] = liger
     found["ours_table"] = ours_table
     found["ours_table_free"] = ours_table_free
+    found["hf_compile"] = torch.compile(hf_eager)  # last: its compilations take the longest
     return found
 
 
@@ -158,24 +160,11 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"--methods: unknown {unknown}; available here: {', '.join(fns)}")
         fns = {name: fn for name, fn in fns.items() if name in wanted}
-    rows = []
-    with tqdm(total=len(seqs) * len(fns), desc="rope benchmark") as bar:
-        for seq in seqs:
-            pass_bytes = 2 * seq * (Q_HEADS + KV_HEADS) * HEAD_DIM * dtype.itemsize
-            copy = copy_ms(seq, device, dtype, repeats)
-            for name, fn in fns.items():
-                row = {"seq": seq, "method": name, **measure(fn, seq, device, dtype, repeats)}
-                row["forward_gbps"] = pass_bytes / row["forward_ms"] / 1e6
-                row["fwd_bwd_gbps"] = 2 * pass_bytes / row["fwd_bwd_ms"] / 1e6
-                row["copy_ms"] = copy
-                row["forward_of_copy"] = copy / row["forward_ms"]
-                rows.append(row)
-                bar.update()
-    print_table(rows)
     checks = None
-    if device.type == "cuda" or args.backend == "triton":
+    if device.type == "cuda" or args.backend == "triton":  # correctness first, then speed
         checks = check_against_torch(max(seqs), device)
         print(f"float32 max |triton - torch| at {max(seqs)} positions: {checks}")
+    rows: list[dict] = []
     info = {
         "device": (
             torch.cuda.get_device_name()
@@ -191,7 +180,26 @@ def main() -> None:
         "results": rows,
         "triton_vs_torch_max_abs_diff": checks,
     }
-    out.write_text(json.dumps(info, indent=2))
+    with tqdm(total=len(seqs) * len(fns), desc="rope benchmark") as bar:
+        for seq in seqs:
+            pass_bytes = 2 * seq * (Q_HEADS + KV_HEADS) * HEAD_DIM * dtype.itemsize
+            copy = copy_ms(seq, device, dtype, repeats)
+            for name, fn in fns.items():
+                row = {"seq": seq, "method": name}
+                try:
+                    row.update(measure(fn, seq, device, dtype, repeats))
+                except Exception as error:  # one path failing here must not hide the others
+                    rows.append({**row, "error": f"{type(error).__name__}: {error}"})
+                    bar.update()
+                    continue
+                row["forward_gbps"] = pass_bytes / row["forward_ms"] / 1e6
+                row["fwd_bwd_gbps"] = 2 * pass_bytes / row["fwd_bwd_ms"] / 1e6
+                row["copy_ms"] = copy
+                row["forward_of_copy"] = copy / row["forward_ms"]
+                rows.append(row)
+                bar.update()
+            write_json(out, info)  # after every length: a run stopped early keeps its rows
+    print_table(rows)
     print(f"wrote {out}")
 
 
@@ -200,6 +208,9 @@ def print_table(rows: list[dict]) -> None:
     print("\n" + head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
+        if "error" in r:
+            print(f"| {r['seq'] // 1024}k | {r['method']} | {r['error']} |")
+            continue
         line = (
             f"| {r['seq'] // 1024}k | {r['method']} | {r['forward_ms']:.2f} | "
             f"{r['forward_gbps']:.3g} | {r['fwd_bwd_ms']:.2f} | {r['fwd_bwd_gbps']:.3g} |"
