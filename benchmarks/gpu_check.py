@@ -60,6 +60,17 @@ TARGETS = [
 ]
 
 
+# What the GPU machine's Python lacks: a step that imports one of them fails there, so every
+# step records what it imported of them and the dry run's test asserts none. (matplotlib is
+# missing there too; the eval commands skip their plots without it.)
+GPU_MACHINE_LACKS = ("pytest", "vllm", "flash_attn", "lm_eval", "datasets")
+
+
+def absent_on_gpu_machine() -> list[str]:
+    """The packages of GPU_MACHINE_LACKS this process has imported."""
+    return sorted({name.split(".")[0] for name in sys.modules} & set(GPU_MACHINE_LACKS))
+
+
 def write_json(path: Path, data) -> None:
     """Atomically: a killed run leaves the old file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,11 +177,14 @@ def step_lines(name: str, result: dict | None) -> list[str]:
     """What a step's JSON says in short (rope_kernels.py writes no summary of its own)."""
     if not result:
         return ["no result file"]
+    lines = []
+    if result.get("absent_on_gpu_machine"):
+        lines.append(f"IMPORTS WHAT THE GPU MACHINE LACKS: {result['absent_on_gpu_machine']}")
     if name != "rope_kernels":
-        return result.get("summary", [])
+        return lines + result.get("summary", [])
     rows = result.get("results", [])
     seqs = sorted({r["seq"] for r in rows})
-    lines = [f"{len(rows)} rows, {seqs[0]}..{seqs[-1]} tokens" if rows else "no rows"]
+    lines.append(f"{len(rows)} rows, {seqs[0]}..{seqs[-1]} tokens" if rows else "no rows")
     lines += [f"FAILED {r['method']} at {r['seq']}: {r['error']}" for r in rows if "error" in r]
     diffs = result.get("triton_vs_torch_max_abs_diff")
     if diffs:

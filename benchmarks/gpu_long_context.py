@@ -15,7 +15,7 @@ import traceback
 
 import torch
 from accelerate.state import AcceleratorState
-from gpu_check import CHECKS_FAILED, step_arguments, write_json
+from gpu_check import CHECKS_FAILED, absent_on_gpu_machine, step_arguments, write_json
 from test_finetune_support import cyclic_texts, model_dir, text_folder
 
 from yarnlib.cli import main as yarnlib_main
@@ -114,6 +114,7 @@ def main() -> int:
             f"|Δ| {diff:.2g} {'ok' if close else 'TOO FAR'}"
         )
     result["passed"], result["summary"] = passed, summary
+    result["absent_on_gpu_machine"] = absent_on_gpu_machine()
     write_json(args.out, result)
     print("\n".join(summary))
     return 0 if passed else CHECKS_FAILED

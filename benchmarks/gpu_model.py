@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 import torch
-from gpu_check import step_arguments, write_json
+from gpu_check import absent_on_gpu_machine, step_arguments, write_json
 from patch_overhead import native_twin
 from rope_kernels import HEAD_DIM, KV_HEADS, Q_HEADS, SPEC, timer
 from tiny_models import tiny_config
@@ -125,6 +125,7 @@ def main() -> int:
     write_json(args.out, {
         "device": str(device), "dtype": "bfloat16", "config": config.to_dict(),
         "spec": spec.describe(), "repeats": repeats, "rows": rows, "summary": summary,
+        "absent_on_gpu_machine": absent_on_gpu_machine(),
     })  # fmt: skip
     print("\n".join(summary))
     return 0

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_check import write_json
+from gpu_check import absent_on_gpu_machine, write_json
 from tqdm import tqdm
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
@@ -198,6 +198,7 @@ def main() -> None:
                 row["forward_of_copy"] = copy / row["forward_ms"]
                 rows.append(row)
                 bar.update()
+            info["absent_on_gpu_machine"] = absent_on_gpu_machine()
             write_json(out, info)  # after every length: a run stopped early keeps its rows
     print_table(rows)
     print(f"wrote {out}")

@@ -45,6 +45,8 @@ def test_dry_run_passes_every_step_and_writes_json_and_summary(dry_run):
     assert all(f"[{name}] ok" in text for name in gpu_check.STEPS)
     assert {t["target"] for t in summary["targets"]} == {"copy_share", "vs_eager", "vs_liger",
                                                          "model_time"}  # fmt: skip
+    for step in summary["steps"].values():  # each step imports only what the GPU machine has
+        assert step["result"]["absent_on_gpu_machine"] == []
 
 
 def test_dry_run_kernel_step_checks_forward_backward_and_long_positions(dry_run):

@@ -10,70 +10,18 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
-from transformers import LlamaConfig  # noqa: E402
-from transformers.models.llama.modeling_llama import (  # noqa: E402
-    LlamaRotaryEmbedding,
-    apply_rotary_pos_emb,
+from kernel_cases import (  # noqa: E402
+    LIBM_SLACK,
+    long_context_case,
+    max_error,
+    our_rotary,
+    transformers_rotary,
 )
-
-from yarnlib import RopeScaling  # noqa: E402
-from yarnlib.kernels import apply_rotary, apply_scaled_rotary, rotary_cos_sin  # noqa: E402
-
-SPEC = RopeScaling(
-    "yarn", factor=32.0, original_max_position_embeddings=4096, rope_theta=1e6, rotary_dim=128
-)
-HEADS, KV_HEADS, HEAD_DIM = 2, 1, 128
-# libm differences in cos/sin (≤ 1 float32 ulp) on top of the shared angle rounding.
-LIBM_SLACK = 1e-6
-
-
-def long_context_case(device="cpu"):
-    """q, k at positions up to 131071, their float64 reference, and transformers' rotary
-    module (benchmarks/gpu_kernels.py runs this on CUDA)."""
-    gen = torch.Generator().manual_seed(0)
-    pos = torch.cat(
-        [torch.tensor([131071, 131070, 65537]), torch.randint(0, 131072, (253,), generator=gen)]
-    )
-    q = torch.randn(1, HEADS, pos.numel(), HEAD_DIM, generator=gen).to(device)
-    k = torch.randn(1, KV_HEADS, pos.numel(), HEAD_DIM, generator=gen).to(device)
-    pos = pos.to(device)
-    position_ids = pos[None]
-    # Reference: the spec's float32 inv_freq, everything else exact in float64.
-    angle = pos.double()[:, None] * SPEC.inv_freq().to(device).double()
-    factor = SPEC.attention_factor()
-    cos, sin = angle.cos() * factor, angle.sin() * factor
-
-    def reference(x):
-        x1, x2 = x.double().chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-    config = LlamaConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, head_dim=HEAD_DIM,
-                         num_key_value_heads=KV_HEADS, **SPEC.to_hf("v5"))  # fmt: skip
-    rope = LlamaRotaryEmbedding(config).to(device)
-    assert torch.equal(rope.inv_freq.cpu(), SPEC.inv_freq())
-    return q, k, position_ids, reference, rope
 
 
 @pytest.fixture(scope="module")
 def setup():
     return long_context_case()
-
-
-def max_error(outs, refs):
-    return max((o.double() - r).abs().max().item() for o, r in zip(outs, refs, strict=True))
-
-
-def transformers_rotary(q, k, position_ids, rope):
-    cos, sin = rope(q, position_ids)
-    return apply_rotary_pos_emb(q, k, cos, sin)
-
-
-def our_rotary(q, k, position_ids, path, backend):
-    if path == "table_free":
-        return apply_scaled_rotary(q, k, position_ids, SPEC, backend=backend)
-    cos, sin = rotary_cos_sin(SPEC, position_ids)
-    return apply_rotary(q, k, cos, sin, backend=backend)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
