@@ -78,13 +78,20 @@ def main() -> int:
         cases = cases[:DRY_RUN_CASES]
     start = time.monotonic()
     ran, failures = run_cases(cases, device, start + BUDGET_S)
+    for dtype in kc.DTYPES:  # thd with cu_seqlens: positions restart in every sequence
+        try:
+            for out, ref in kc.packed_case(dtype, "triton", device):
+                kc.assert_matches(out, ref)
+        except Exception as error:  # recorded like a failed case
+            failures.append({"case": f"packed cu_seqlens {dtype}", "error": repr(error)})
     try:
         rows = precision(device)
     except Exception as error:  # recorded like a failed case
         rows = [{"path": "all", "dtype": "all", "ok": False, "error": repr(error)}]
     passed = not failures and all(r["ok"] for r in rows)
     summary = [
-        f"{ran} of {len(cases)} cases run (forward + backward), {len(failures)} failed"
+        f"{ran} of {len(cases)} cases run (forward + backward) and 3 packed (cu_seqlens), "
+        f"{len(failures)} failed"
         + ("" if ran == len(cases) else f" (time budget {BUDGET_S} s spent)"),
         *(f"FAILED {f['case']}: {f['error']}" for f in failures[:5]),
     ]

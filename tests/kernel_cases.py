@@ -164,6 +164,33 @@ def run_case(shape, layout, interleaved, dtype, mode, backend, device="cpu", bac
     return pairs
 
 
+def packed_case(dtype, backend, device="cpu", lengths=(5, 1, 7, 300)):
+    """thd with ``cu_seqlens`` (positions restart in every packed sequence), with tables and
+    table-free: ``[(out, ref), ...]`` against the float64 reference at the restarted positions."""
+    rotary_dim = 128
+    spec = make_spec(rotary_dim)
+    q, k = (x.to(device) for x in make_qk((1, 4, 2, sum(lengths), 128, rotary_dim), "thd", dtype))
+    offsets = torch.tensor(lengths).cumsum(0)
+    cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int32), offsets.int()]).to(device)
+    pos = torch.cat([torch.arange(n) for n in lengths]).to(device)
+    kwargs = dict(layout="thd", cu_seqlens=cu_seqlens, backend=backend)
+    table_cos, table_sin = rotary_cos_sin(spec, torch.arange(max(lengths), device=device))
+    angle = (pos.float()[:, None] * spec.inv_freq().to(device)).double()
+    factor = spec.attention_factor()
+    half = rotary_dim // 2
+    runs = (
+        (apply_scaled_rotary(q, k, None, spec, **kwargs), angle.cos() * factor,
+         angle.sin() * factor),
+        (apply_rotary(q, k, table_cos, table_sin, **kwargs), table_cos[pos][:, :half],
+         table_sin[pos][:, :half]),
+    )  # fmt: skip
+    pairs = []
+    for outs, cos, sin in runs:
+        refs = [reference(x, "thd", cos[None], sin[None], rotary_dim, False) for x in (q, k)]
+        pairs += list(zip(outs, refs, strict=True))
+    return pairs
+
+
 # -- positions up to 131071 (test_kernels_precision.py) -------------------------------------
 
 LONG_SPEC = RopeScaling(
