@@ -9,6 +9,7 @@ guarded: one failing does not stop the next.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import traceback
@@ -53,7 +54,9 @@ def perplexity(model, data, length, scratch) -> dict:
 
 
 def finetune(model, data, length, scratch, chunk_size: int) -> dict:
-    if torch.cuda.is_available():
+    if torch.cuda.is_available():  # the peak of this run only, not of the one before
+        gc.collect()
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     out = scratch / f"finetune_chunk{chunk_size}"
     code = yarnlib_main([
