@@ -108,3 +108,31 @@ def test_eval_skips_the_plot_without_matplotlib(monkeypatch, capsys):
     monkeypatch.undo()
     eval_cli.draw(lambda *args: drawn.append(args) or "p.png", "records")
     assert drawn == [("records",)] and "plot: p.png" in capsys.readouterr().out
+
+
+def test_targets_are_judged_at_16k_and_beyond_against_each_competitor():
+    def row(seq, method, fwd_bwd_ms, forward_of_copy=0.5):
+        return {"seq": seq, "method": method, "fwd_bwd_ms": fwd_bwd_ms,
+                "forward_of_copy": forward_of_copy}  # fmt: skip
+
+    rope = {"results": [
+        row(1024, "hf_eager", 1.0), row(1024, "ours_table_free", 1.0, 0.1),  # too short: ignored
+        row(16384, "hf_eager", 10.0), row(16384, "liger", 3.0),
+        row(16384, "ours_table_free", 2.0, 0.9),
+        row(65536, "hf_eager", 50.0), row(65536, "liger", 13.0),
+        row(65536, "ours_table_free", 10.0, 0.85),
+        {"seq": 65536, "method": "hf_compile", "error": "RuntimeError: no compiler"},
+    ]}  # fmt: skip
+    model = {"rows": [{"tokens": 16384, "kernel": {"forward_ms": 9.0, "fwd_bwd_ms": 30.0},
+                       "native": {"forward_ms": 10.0, "fwd_bwd_ms": 29.0}}]}  # fmt: skip
+    steps = {"rope_kernels": {"result": rope}, "model": {"result": model}}
+    found = {
+        (t["target"], t["subject"]): (t["value"], t["met"]) for t in gpu_check.all_targets(steps)
+    }
+    assert found == {
+        ("copy_share", "ours_table_free"): (0.85, True),
+        ("vs_liger", "ours_table_free"): (1.3, True),  # min(3/2, 13/10)
+        ("vs_eager", "ours_table_free"): (5.0, True),  # min(10/2, 50/10)
+        ("model_time", "forward at 16384 tokens"): (0.9, True),
+        ("model_time", "fwd_bwd at 16384 tokens"): (30.0 / 29.0, False),
+    }
