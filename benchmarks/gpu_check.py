@@ -153,6 +153,13 @@ def run_step(command: list[str], log: Path, timeout_s: float, env: dict) -> dict
     }
 
 
+def modified(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
 def tail(path: Path, lines: int = 15) -> list[str]:
     try:
         return path.read_text(errors="replace").splitlines()[-lines:]
@@ -257,6 +264,7 @@ def summary_text(summary: dict) -> str:
         lines.append("DRY RUN: CPU tensors, Triton's interpreter, tiny sizes: numbers mean nothing")
     for name, step in summary["steps"].items():
         took = f", {step['seconds']} s" if "seconds" in step else ""
+        took += f" (run of {step['from_run']})" if step.get("from_run") else ""
         lines.append(f"\n[{name}] {step['status']}{took}")
         if step.get("reason"):
             lines.append(f"  {step['reason']}")
@@ -275,6 +283,17 @@ def summary_text(summary: dict) -> str:
         verdict = "met" if t["met"] else "MISSED"
         lines.append(f"  {t['what']} ({t['subject']}): {t['value']:.3g} ({wanted}) {verdict}")
     return "\n".join(lines) + "\n"
+
+
+def with_earlier_steps(path: Path, results: dict, dry_run: bool) -> dict:
+    """This run's steps, and those of the summary already in ``path`` that this run did not
+    redo (``--steps model`` after a fix keeps the others), in the order of STEPS."""
+    earlier = read_json(path) or {}
+    kept = earlier.get("steps", {}) if earlier.get("dry_run") == dry_run else {}
+    for record in kept.values():
+        record.setdefault("from_run", earlier.get("finished"))
+    merged = {**kept, **results}
+    return {name: merged[name] for name in STEPS if name in merged}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -312,23 +331,26 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             limit = min(STEPS[name], left)
             print(f"[gpu_check] {name}: running (at most {limit:.0f} s)", flush=True)
-            (out / f"{name}.json").unlink(missing_ok=True)  # no stale result from an earlier run
+            result_file = out / f"{name}.json"  # an earlier run's file is not this run's result
+            before = modified(result_file)
             command = step_command(name, out, scratch, args.dry_run)
             record = run_step(command, out / "logs" / f"{name}.log", limit, env)
-            record["result"] = read_json(out / f"{name}.json")
+            fresh = modified(result_file) not in (None, before)
+            record["result"] = read_json(result_file) if fresh else None
             if record["status"] != "ok":
                 record["log_tail"] = tail(Path(record["log"]))
             results[name] = record
             print(f"[gpu_check] {name}: {record['status']} in {record['seconds']} s", flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    steps_so_far = with_earlier_steps(out / "summary.json", results, args.dry_run)
     summary = {
         "finished": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "dry_run": args.dry_run,
         "environment": env_info,
         "budget_s": args.budget,
-        "steps": results,
-        "targets": all_targets(results),
+        "steps": steps_so_far,
+        "targets": all_targets(steps_so_far),
     }
     write_json(out / "summary.json", summary)
     text = summary_text(summary)

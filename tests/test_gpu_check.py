@@ -90,10 +90,19 @@ def test_a_failing_or_hanging_step_does_not_stop_the_others(tmp_path):
     hang = gpu_check.run_step(["-c", "import time; time.sleep(600)"], tmp_path / "h.log", 1, env)
     assert (hang["status"], hang["returncode"]) == ("timeout", None)
     # out of time: every step is skipped and said so, the summary is still written
-    assert gpu_check.main(["--dry-run", "--out", str(tmp_path / "out"), "--budget", "0"]) == 1
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    out = tmp_path / "out"
+    assert gpu_check.main(["--dry-run", "--out", str(out), "--budget", "0"]) == 1
+    summary = json.loads((out / "summary.json").read_text())
     assert [s["status"] for s in summary["steps"].values()] == ["skipped"] * len(gpu_check.STEPS)
-    assert "not started" in (tmp_path / "out" / "summary.txt").read_text()
+    assert "not started" in (out / "summary.txt").read_text()
+    # one step redone (after a fix): the summary keeps the other steps of the earlier run
+    summary["steps"]["model"] = {"status": "ok", "result": {"summary": ["earlier numbers"]}}
+    gpu_check.write_json(out / "summary.json", summary)
+    assert gpu_check.main(["--dry-run", "--out", str(out), "--steps", "kernels", "--budget", "0"])
+    steps = json.loads((out / "summary.json").read_text())["steps"]
+    assert list(steps) == list(gpu_check.STEPS)
+    assert steps["model"]["from_run"] == summary["finished"]
+    assert "earlier numbers" in (out / "summary.txt").read_text()
 
 
 def test_eval_skips_the_plot_without_matplotlib(monkeypatch, capsys):
