@@ -137,9 +137,10 @@ def run_step(command: list[str], log: Path, timeout_s: float, env: dict) -> dict
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             code = None
-        with contextlib.suppress(ProcessLookupError):  # the group is gone when all exited
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        finally:  # also on Ctrl-C: the step runs in its own session, out of the terminal's reach
+            with contextlib.suppress(ProcessLookupError):  # gone when every member has exited
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     if code is None:
         status = "timeout"
     else:

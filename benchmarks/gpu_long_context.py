@@ -34,7 +34,7 @@ LOSS_RTOL = 1e-2  # chunked vs full-logits loss of one bf16 step: same math, oth
 def guarded(part, *args) -> dict:
     try:
         return part(*args)
-    except BaseException as error:  # SystemExit from argparse included
+    except (Exception, SystemExit) as error:  # SystemExit: argparse refusing an option
         return {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
 
 
