@@ -13,6 +13,7 @@ JSON (rewritten as results come) says how many cases ran.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import sys
 import time
@@ -123,7 +124,8 @@ def main() -> int:
         state["precision"] = [{"path": "all", "dtype": "all", "ok": False, "error": repr(error)}]
     report(args.out, state)
     # the grid last: it runs until the budget is spent
-    state["cases_run"], failures = run_cases(cases, device, start + BUDGET_S)
+    budget = math.inf if args.dry_run else BUDGET_S  # a loaded CI machine runs them all
+    state["cases_run"], failures = run_cases(cases, device, start + budget)
     state["failures"] += failures
     state["seconds"] = round(time.monotonic() - start, 1)
     passed, summary = report(args.out, state)
