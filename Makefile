@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: test lint demo venv clean
+.PHONY: test lint demo venv clean gpu-check
 
 venv: $(STAMP)
 
@@ -38,6 +38,10 @@ test: lint
 
 demo: $(STAMP)
 	$(VENV)/bin/yarnlib demo
+
+# The GPU pass (benchmarks/README.md, "GPU"): the machine's own Python; results under $OUT.
+gpu-check:
+	bash benchmarks/gpu_check.sh
 
 clean:
 	rm -rf $(VENV)

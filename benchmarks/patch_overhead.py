@@ -45,13 +45,15 @@ TINY = dict(
 
 
 def native_twin(model, spec):
-    """The same weights with the spec's rope written into a fresh transformers config."""
+    """The same weights with the spec's rope written into a fresh transformers config (same
+    dtype and device as ``model``)."""
     config = model.config.to_dict()
     config.pop(yarnlib.convert.MARKER, None)
     config.update(to_hf(spec, "v5"))
-    twin = AutoModelForCausalLM.from_config(
-        AutoConfig.for_model(**config), attn_implementation="sdpa", dtype=torch.float32
-    )
+    with torch.device(model.device):
+        twin = AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(**config), attn_implementation="sdpa", dtype=model.dtype
+        )
     twin.load_state_dict(model.state_dict())
     return twin.eval()
 

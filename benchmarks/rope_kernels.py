@@ -3,19 +3,19 @@
 Qwen2.5-7B-like shapes (28 q heads, 4 kv heads, head_dim 128, batch 1), bfloat16, yarn
 factor 4. Forward and forward+backward; every path includes building its cos/sin (ours
 table-free builds none). GB/s is over the minimum bytes: q and k read once and written
-once per pass. On CUDA also the ratio to a measured device-to-device copy of those bytes.
+once per pass; `fwd / copy` is that bandwidth over a measured copy of the same bytes.
 
     python benchmarks/rope_kernels.py                     # CUDA: 1k..128k; CPU: 1k..4k
     python benchmarks/rope_kernels.py --seq 1024 4096 --threads 1 --out results.json
 
-On CPU only the torch paths run (no Triton, no Liger), with one warm-up call instead of two
-and lengths up to 4k, to keep the run under three minutes on two cores.
+On CPU only the torch paths run (no Liger; Triton only through its interpreter with
+``--backend triton``, as benchmarks/gpu_check.py's dry run does), with one warm-up call
+instead of two and lengths up to 4k, to keep the run under three minutes on two cores.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from gpu_check import absent_on_gpu_machine, write_json
 from tqdm import tqdm
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
@@ -37,8 +38,10 @@ CUDA_SEQS = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 CPU_SEQS = [1024, 2048, 4096]
 
 
-def methods(device: torch.device) -> dict:
-    """name -> f(q, k, position_ids) returning (q, k); each includes its own cos/sin."""
+def methods(device: torch.device, backend: str = "auto") -> dict:
+    """name -> f(q, k, position_ids) returning (q, k); each includes its own cos/sin.
+
+    ``backend`` is the one yarnlib's paths use (``"auto"``: Triton on CUDA)."""
     config = LlamaConfig(hidden_size=Q_HEADS * HEAD_DIM, num_attention_heads=Q_HEADS,
                          num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
                          **SPEC.to_hf("v5"))  # fmt: skip
@@ -50,16 +53,17 @@ def methods(device: torch.device) -> dict:
 
     def ours_table(q, k, position_ids):
         cos, sin = rotary_cos_sin(SPEC, position_ids)
-        return apply_rotary(q, k, cos, sin)
+        return apply_rotary(q, k, cos, sin, backend=backend)
 
     def ours_table_free(q, k, position_ids):
-        return apply_scaled_rotary(q, k, position_ids, SPEC)
+        return apply_scaled_rotary(q, k, position_ids, SPEC, backend=backend)
 
-    found = {"hf_eager": hf_eager, "hf_compile": torch.compile(hf_eager)}
+    found = {"hf_eager": hf_eager}
     if device.type == "cuda":
         try:
             from liger_kernel.transformers.rope import liger_rotary_pos_emb
-        except ImportError:
+        except Exception as error:  # absent, or not importable with this torch/transformers
+            print(f"liger: not measured ({type(error).__name__}: {error})")
             liger_rotary_pos_emb = None
         if liger_rotary_pos_emb is not None:
 
@@ -70,6 +74,7 @@ def methods(device: torch.device) -> dict:
             found["liger"] = liger
     found["ours_table"] = ours_table
     found["ours_table_free"] = ours_table_free
+    found["hf_compile"] = torch.compile(hf_eager)  # last: its compilations take the longest
     return found
 
 
@@ -117,7 +122,7 @@ def copy_ms(seq: int, device: torch.device, dtype: torch.dtype, repeats: int) ->
 
 
 def check_against_torch(seq: int, device: torch.device) -> dict:
-    """On CUDA: max |Triton − torch backend| at positions up to ``seq`` − 1 (float32)."""
+    """Max |Triton − torch backend| at positions up to ``seq`` − 1 (float32)."""
     q = torch.randn(1, Q_HEADS, seq, HEAD_DIM, device=device)
     k = torch.randn(1, KV_HEADS, seq, HEAD_DIM, device=device)
     position_ids = torch.arange(seq, device=device)[None]
@@ -138,6 +143,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, help="timed calls per measurement")
     parser.add_argument("--out", type=Path, help="JSON file (default: next to this script)")
     parser.add_argument("--threads", type=int, help="CPU threads (1 is steadier on a busy host)")
+    parser.add_argument("--backend", default="auto", help="yarnlib's: auto, triton or torch")
+    parser.add_argument("--methods", help="comma-separated subset of the methods (default: all)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -146,26 +153,18 @@ def main() -> None:
     seqs = args.seq or (CUDA_SEQS if device.type == "cuda" else CPU_SEQS)
     repeats = args.repeats or (20 if device.type == "cuda" else 3)
     out = args.out or Path(__file__).with_name(f"rope_kernels_{device.type}.json")
-    fns = methods(device)
-    rows = []
-    with tqdm(total=len(seqs) * len(fns), desc="rope benchmark") as bar:
-        for seq in seqs:
-            pass_bytes = 2 * seq * (Q_HEADS + KV_HEADS) * HEAD_DIM * dtype.itemsize
-            copy = copy_ms(seq, device, dtype, repeats) if device.type == "cuda" else None
-            for name, fn in fns.items():
-                row = {"seq": seq, "method": name, **measure(fn, seq, device, dtype, repeats)}
-                row["forward_gbps"] = pass_bytes / row["forward_ms"] / 1e6
-                row["fwd_bwd_gbps"] = 2 * pass_bytes / row["fwd_bwd_ms"] / 1e6
-                if copy is not None:
-                    row["copy_ms"] = copy
-                    row["forward_of_copy"] = copy / row["forward_ms"]
-                rows.append(row)
-                bar.update()
-    print_table(rows, device)
+    fns = methods(device, args.backend)
+    if args.methods:
+        wanted = args.methods.split(",")
+        unknown = sorted(set(wanted) - set(fns))
+        if unknown:
+            raise SystemExit(f"--methods: unknown {unknown}; available here: {', '.join(fns)}")
+        fns = {name: fn for name, fn in fns.items() if name in wanted}
     checks = None
-    if device.type == "cuda":
+    if device.type == "cuda" or args.backend == "triton":  # correctness first, then speed
         checks = check_against_torch(max(seqs), device)
         print(f"float32 max |triton - torch| at {max(seqs)} positions: {checks}")
+    rows: list[dict] = []
     info = {
         "device": (
             torch.cuda.get_device_name()
@@ -181,24 +180,43 @@ def main() -> None:
         "results": rows,
         "triton_vs_torch_max_abs_diff": checks,
     }
-    out.write_text(json.dumps(info, indent=2))
+    with tqdm(total=len(seqs) * len(fns), desc="rope benchmark") as bar:
+        for seq in seqs:
+            pass_bytes = 2 * seq * (Q_HEADS + KV_HEADS) * HEAD_DIM * dtype.itemsize
+            copy = copy_ms(seq, device, dtype, repeats)
+            for name, fn in fns.items():
+                row = {"seq": seq, "method": name}
+                try:
+                    row.update(measure(fn, seq, device, dtype, repeats))
+                except Exception as error:  # one path failing here must not hide the others
+                    rows.append({**row, "error": f"{type(error).__name__}: {error}"})
+                    bar.update()
+                    continue
+                row["forward_gbps"] = pass_bytes / row["forward_ms"] / 1e6
+                row["fwd_bwd_gbps"] = 2 * pass_bytes / row["fwd_bwd_ms"] / 1e6
+                row["copy_ms"] = copy
+                row["forward_of_copy"] = copy / row["forward_ms"]
+                rows.append(row)
+                bar.update()
+            info["absent_on_gpu_machine"] = absent_on_gpu_machine()
+            write_json(out, info)  # after every length: a run stopped early keeps its rows
+    print_table(rows)
     print(f"wrote {out}")
 
 
-def print_table(rows: list[dict], device: torch.device) -> None:
-    head = "| seq | method | fwd ms | fwd GB/s | fwd+bwd ms | fwd+bwd GB/s |"
-    if device.type == "cuda":
-        head += " fwd / copy |"
+def print_table(rows: list[dict]) -> None:
+    head = "| seq | method | fwd ms | fwd GB/s | fwd+bwd ms | fwd+bwd GB/s | fwd / copy |"
     print("\n" + head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
+        if "error" in r:
+            print(f"| {r['seq'] // 1024}k | {r['method']} | {r['error']} |")
+            continue
         line = (
             f"| {r['seq'] // 1024}k | {r['method']} | {r['forward_ms']:.2f} | "
             f"{r['forward_gbps']:.3g} | {r['fwd_bwd_ms']:.2f} | {r['fwd_bwd_gbps']:.3g} |"
         )
-        if "forward_of_copy" in r:
-            line += f" {100 * r['forward_of_copy']:.0f} % |"
-        print(line)
+        print(line + f" {100 * r['forward_of_copy']:.0f} % |")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,9 @@
-"""yarnlib.kernels against a float64 reference: both backends, every layout, pairing and dtype.
+"""yarnlib.kernels against a float64 reference: both backends, every layout, pairing and dtype
+(the cases, the reference and the tolerances: kernel_cases.py).
 
 The Triton cases (test_kernels_triton.py) run through its interpreter on CPU tensors
 (TRITON_INTERPRET=1, set before Triton is first imported), on fewer and smaller shapes than
 the torch backend because every interpreted launch costs tens of milliseconds.
-
-Tolerances (stated once, used everywhere):
-- float32: |out − ref| ≤ FP32_TOL · (1 + |ref|): a few float32 roundings of cos, sin and
-  two products, relative to the size of the pair being rotated;
-- float16/bfloat16: |out − round(ref)| ≤ 1 ulp of the rounded reference (one rounding of the
-  float32 result; the interpreter truncates instead of rounding, hence not ½ ulp), plus the
-  float32 tolerance, which matters only where a rotated pair cancels to near zero.
 """
 
 import os
@@ -19,140 +13,14 @@ os.environ["TRITON_INTERPRET"] = "1"
 import itertools  # noqa: E402
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from yarnlib import RopeScaling  # noqa: E402
-from yarnlib.kernels import apply_rotary, apply_scaled_rotary, rotary_cos_sin  # noqa: E402
-
-FP32_TOL = 1e-6
-MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}
-MIN_EXPONENT = {torch.float16: -14, torch.bfloat16: -126}
-TABLE_ROWS = 4096
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-LAYOUTS = ("bhsd", "bshd", "thd")
-MODES = ("table", "per_token", "table_free")
-
-# (batch, q heads, kv heads, seq, head_dim, rotary_dim): seq 1/7/333, MHA/GQA/MQA, odd dims.
-TORCH_SHAPES = [
-    (1, 1, 1, 1, 64, 64),
-    (2, 3, 1, 7, 80, 80),
-    (1, 32, 8, 33, 128, 128),
-    (2, 3, 1, 7, 128, 32),
-    (1, 32, 8, 7, 256, 256),
-    (2, 1, 1, 333, 64, 64),
-]
-TRITON_SHAPES = [
-    (1, 1, 1, 1, 64, 64),
-    (2, 3, 1, 7, 80, 80),
-    (1, 32, 8, 33, 128, 32),
-    (1, 3, 1, 333, 256, 256),
-]
-
-
-def make_spec(rotary_dim: int) -> RopeScaling:
-    return RopeScaling(
-        "yarn", factor=8.0, original_max_position_embeddings=512, rope_theta=1e4,
-        rotary_dim=rotary_dim,
-    )  # fmt: skip
-
-
-def make_qk(shape, layout, dtype, seed=0):
-    """Random q, k in ``layout`` (thd packs batch × seq tokens)."""
-    batch, hq, hk, seq, head_dim, _ = shape
-    gen = torch.Generator().manual_seed(seed)
-
-    def one(heads):
-        if layout == "bhsd":
-            dims = (batch, heads, seq, head_dim)
-        elif layout == "bshd":
-            dims = (batch, seq, heads, head_dim)
-        else:
-            dims = (batch * seq, heads, head_dim)
-        return torch.randn(dims, generator=gen).to(dtype)
-
-    return one(hq), one(hk)
-
-
-def to_bshd(x, layout):
-    if layout == "bhsd":
-        return x.transpose(1, 2)
-    return x[None] if layout == "thd" else x
-
-
-def from_bshd(x, layout):
-    if layout == "bhsd":
-        return x.transpose(1, 2)
-    return x[0] if layout == "thd" else x
-
-
-def reference(x, layout, cos, sin, rotary_dim, interleaved):
-    """float64 rotation as a complex product; ``cos``/``sin`` per token ``[1|B, S, rd/2]``."""
-    xv = to_bshd(x, layout).double()
-    half = rotary_dim // 2
-    rot, tail = xv[..., :rotary_dim], xv[..., rotary_dim:]
-    if interleaved:
-        z = torch.complex(rot[..., 0::2], rot[..., 1::2])
-    else:
-        z = torch.complex(rot[..., :half], rot[..., half:])
-    z = z * torch.complex(cos.double(), sin.double())[:, :, None, :]
-    if interleaved:
-        rot = torch.stack((z.real, z.imag), dim=-1).flatten(-2)
-    else:
-        rot = torch.cat((z.real, z.imag), dim=-1)
-    return from_bshd(torch.cat((rot, tail), dim=-1), layout)
-
-
-def assert_matches(out, ref):
-    """The per-dtype tolerance of the module docstring."""
-    assert out.shape == ref.shape
-    if out.dtype == torch.float32:
-        err = (out.double() - ref).abs()
-        bound = FP32_TOL * (1 + ref.abs())
-        assert (err <= bound).all(), f"max error {err.max().item():.3g}"
-        return
-    rounded = ref.to(out.dtype).double()
-    _, exponent = torch.frexp(torch.maximum(rounded.abs(), out.double().abs()))
-    exponent = torch.clamp(exponent - 1, min=MIN_EXPONENT[out.dtype])
-    ulp = torch.pow(2.0, (exponent - MANTISSA_BITS[out.dtype]).double())
-    err = (out.double() - rounded).abs() - FP32_TOL * (1 + ref.abs())
-    assert (err <= ulp).all(), f"max error {(err / ulp).max().item():.3g} ulp"
-
-
-def make_positions(shape, layout, gen):
-    """Arbitrary positions (not sorted, repeats allowed) as the layout expects them."""
-    batch, _, _, seq, _, _ = shape
-    dims = (batch * seq,) if layout == "thd" else (batch, seq)
-    return torch.randint(0, TABLE_ROWS, dims, generator=gen)
-
-
-def run_case(shape, layout, interleaved, dtype, mode, backend):
-    """Our output and the float64 reference for one case; returns ``[(out, ref), ...]``."""
-    rotary_dim = shape[5]
-    spec = make_spec(rotary_dim)
-    q, k = make_qk(shape, layout, dtype)
-    gen = torch.Generator().manual_seed(1)
-    pos = make_positions(shape, layout, gen)
-    table_dtype = torch.float32 if dtype == torch.float32 else dtype
-    kwargs = dict(layout=layout, interleaved=interleaved, backend=backend)
-    if mode == "table_free":
-        out = apply_scaled_rotary(q, k, pos, spec, **kwargs)
-        # The angle is float32 by contract; everything after it is float64 here.
-        angle = (pos.float()[..., None] * spec.inv_freq()).double()
-        factor = spec.attention_factor()
-        cos, sin = angle.cos() * factor, angle.sin() * factor
-    else:
-        table_cos, table_sin = rotary_cos_sin(spec, torch.arange(TABLE_ROWS), dtype=table_dtype)
-        cos, sin = table_cos[pos], table_sin[pos]
-        if mode == "table":
-            out = apply_rotary(q, k, table_cos, table_sin, pos, **kwargs)
-        else:
-            out = apply_rotary(q, k, cos, sin, **kwargs)
-        half = rotary_dim // 2
-        cos, sin = cos[..., :half], sin[..., :half]
-    if layout == "thd":
-        cos, sin = cos[None], sin[None]
-    refs = [reference(x, layout, cos, sin, rotary_dim, interleaved) for x in (q, k)]
-    return list(zip(out, refs, strict=True))
+from kernel_cases import (  # noqa: E402
+    DTYPES,
+    LAYOUTS,
+    MODES,
+    TORCH_SHAPES,
+    assert_matches,
+    run_case,
+)
 
 
 def cases(shapes):

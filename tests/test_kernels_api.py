@@ -9,7 +9,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from test_kernels import make_qk, make_spec  # noqa: E402
+from kernel_cases import make_qk, make_spec  # noqa: E402
 from transformers import LlamaConfig  # noqa: E402
 from transformers.models.llama.modeling_llama import (  # noqa: E402
     LlamaRotaryEmbedding,

@@ -6,7 +6,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from test_kernels import make_qk, make_spec  # noqa: E402
+from kernel_cases import make_qk, make_spec  # noqa: E402
 
 from yarnlib.kernels import apply_rotary, apply_scaled_rotary, rotary_cos_sin  # noqa: E402
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -64,6 +65,19 @@ def settings(args, *fields) -> dict:
     return {"model": args.model, "dtype": args.dtype, **{f: getattr(args, f) for f in fields}}
 
 
+def run_device() -> str:
+    """Where an evaluation runs: the GPU when there is one."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def draw(plot, *args) -> None:
+    """Draw a picture of the results; matplotlib is optional (the ``eval`` extra)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        print("plot skipped: matplotlib is not installed (pip install 'yarnlib[eval]')")
+        return
+    print(f"plot: {plot(*args)}")
+
+
 def finish(store: CellStore, name: str, computed: list, wanted: int, extra: dict) -> None:
     json_path, csv_path = store.write_final(name, extra)
     print(f"computed {len(computed)} cells; results: {json_path}, {csv_path}")
@@ -106,6 +120,7 @@ def run_perplexity_cli(args) -> int:
     computed = []
     if not store.complete(methods, lengths):
         model, _ = load_model(args.model, DTYPES[args.dtype])
+        model.to(run_device())
         computed = run_perplexity(
             model, tokens, methods, lengths, chosen, skipped, store, original,
             args.window, args.stride, args.chunk_size, args.max_cells,
@@ -115,8 +130,7 @@ def run_perplexity_cli(args) -> int:
     finish(store, "perplexity", computed, len(methods) * len(lengths), {"documents": names})
     print(table(records))
     if records:
-        plot = plot_perplexity(records, original, Path(args.output) / "perplexity.png", args.model)
-        print(f"plot: {plot}")
+        draw(plot_perplexity, records, original, Path(args.output) / "perplexity.png", args.model)
     return 0
 
 
@@ -140,6 +154,7 @@ def run_passkey_cli(args) -> int:
     computed = []
     if not store.complete(methods, lengths, depths):
         model, _ = load_model(args.model, DTYPES[args.dtype])
+        model.to(run_device())
         computed = run_passkey(
             model, tokenizer, methods, lengths, depths, args.trials, store,
             args.seed, args.distractors, args.max_new_tokens, args.max_cells,
@@ -154,7 +169,7 @@ def run_passkey_cli(args) -> int:
     ]
     print("passkey accuracy (mean over depths)\n" + table(rows, "accuracy", "{:.0%}"))
     if records:
-        print(f"plot: {plot_passkey(records, Path(args.output) / 'passkey.png', args.model)}")
+        draw(plot_passkey, records, Path(args.output) / "passkey.png", args.model)
     return 0
 
 
@@ -173,7 +188,7 @@ def run_lm_eval_cli(args) -> int:
     for option in LM_EVAL_OPTIONS:
         value = getattr(args, option)
         if option == "device" and value is None:
-            value = "cuda" if torch.cuda.is_available() else "cpu"
+            value = run_device()
         if value is not None:
             forwarded += [f"--{option}", str(value)]
     rest = list(args.lm_eval_args)
