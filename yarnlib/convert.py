@@ -95,8 +95,11 @@ def to_hf(spec: RopeScaling, format: str = "v4") -> dict[str, Any]:
     return out
 
 
-def to_vllm(spec: RopeScaling) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments that run ``spec`` with vLLM's own rotary embeddings."""
+def to_vllm(
+    spec: RopeScaling, head_dim: int | None = None, vllm_version: str | None = None
+) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments that run ``spec`` with vLLM's own rotary embeddings
+    (``yarnlib.vllm.llm_kwargs``: ``head_dim`` and ``vllm_version`` are explained there)."""
     if spec.is_dynamic:
         raise ValueError(
             f"method {spec.method!r} has no native vLLM equivalent (vLLM's 'dynamic' rope is "
@@ -104,7 +107,9 @@ def to_vllm(spec: RopeScaling) -> dict[str, Any]:
             f"{', '.join(STATIC_METHODS)}; for this one use yarnlib.vllm.llm_kwargs (yarnlib's "
             "plugin)"
         )
-    return vllm_kwargs(spec, native_rope_parameters(spec))
+    from yarnlib.vllm.kwargs import llm_kwargs
+
+    return llm_kwargs(spec, head_dim=head_dim, vllm_version=vllm_version)
 
 
 def vllm_kwargs(spec: RopeScaling, rope_parameters: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +160,7 @@ def rope_parameters_of(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return params
 
 
-def rotary_dim_of(cfg: Mapping[str, Any], params: Mapping[str, Any]) -> int:
+def head_dim_of(cfg: Mapping[str, Any]) -> int:
     head_dim = cfg.get("head_dim")
     if head_dim is None:
         hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
@@ -165,8 +170,12 @@ def rotary_dim_of(cfg: Mapping[str, Any], params: Mapping[str, Any]) -> int:
                 "num_attention_heads; pass rotary_dim= explicitly"
             )
         head_dim = hidden // heads
+    return head_dim
+
+
+def rotary_dim_of(cfg: Mapping[str, Any], params: Mapping[str, Any]) -> int:
     partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0
-    return int(head_dim * partial)
+    return int(head_dim_of(cfg) * partial)
 
 
 def has_rope(cfg: Mapping[str, Any]) -> bool:

@@ -281,10 +281,10 @@ class RopeScaling:
 
         return convert.from_hf(config, rotary_dim=rotary_dim)
 
-    def to_vllm(self) -> dict[str, Any]:
+    def to_vllm(self, head_dim: int | None = None, vllm_version: str | None = None):
         from yarnlib import convert
 
-        return convert.to_vllm(self)
+        return convert.to_vllm(self, head_dim, vllm_version)
 
 
 def _rebuild(fields: dict[str, Any]) -> RopeScaling:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from yarnlib.convert import head_dim_of
 from yarnlib.spec import STATIC_METHODS, RopeScaling
 
 
@@ -22,6 +24,15 @@ def load(cfg: Mapping[str, Any] | str | Path) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise ValueError(f"cfg: {str(cfg)!r} does not hold a YAML mapping")
     return dict(data)
+
+
+def local_head_dim(path: Any) -> int | None:
+    """The head_dim of a local model folder; None for a hub id (the rollout's overrides then
+    name ``rope_dim``, read by vLLM >= 0.24)."""
+    config = Path(str(path or "")).expanduser() / "config.json"
+    if not path or not config.is_file():
+        return None
+    return head_dim_of(json.loads(config.read_text()))
 
 
 def section(cfg: dict[str, Any], dotted: str) -> dict[str, Any]:

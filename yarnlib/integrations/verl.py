@@ -14,9 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from yarnlib import convert
-from yarnlib.integrations.common import load, require_static, section, sequence_length
+from yarnlib.integrations.common import (
+    load,
+    local_head_dim,
+    require_static,
+    section,
+    sequence_length,
+)
 from yarnlib.spec import RopeScaling
-from yarnlib.vllm import llm_kwargs
+from yarnlib.vllm import llm_kwargs, versions
 
 
 def actor_override(spec: RopeScaling) -> dict[str, Any]:
@@ -30,13 +36,19 @@ def actor_override(spec: RopeScaling) -> dict[str, Any]:
     }
 
 
-def apply(cfg: Mapping[str, Any] | str | Path, spec: RopeScaling) -> dict[str, Any]:
-    """A copy of the verl PPO/GRPO config ``cfg`` whose actor and rollout run ``spec``."""
+def apply(
+    cfg: Mapping[str, Any] | str | Path, spec: RopeScaling, vllm_version: str | None = None
+) -> dict[str, Any]:
+    """A copy of the verl PPO/GRPO config ``cfg`` whose actor and rollout run ``spec``
+    (the rollout's overrides for ``vllm_version``: default the installed vLLM, else 0.24.0,
+    which verl 0.9.1 pins)."""
     cfg = load(cfg)
     require_static(spec, "verl")
     total = sequence_length(cfg, spec, "max_prompt_length", "max_response_length")
-    kwargs = llm_kwargs(spec, max_model_len=total)
     model = section(cfg, "actor_rollout_ref.model")
+    head_dim = local_head_dim(model.get("path"))
+    version = versions.target(vllm_version, versions.FRAMEWORK_VERSIONS["verl"])
+    kwargs = llm_kwargs(spec, max_model_len=total, head_dim=head_dim, vllm_version=version)
     model["override_config"] = {**(model.get("override_config") or {}), **actor_override(spec)}
     rollout = section(cfg, "actor_rollout_ref.rollout")
     rollout["max_model_len"] = kwargs["max_model_len"]
