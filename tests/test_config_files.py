@@ -523,16 +523,15 @@ def test_show_rope_types_yarnlib_does_not_know(folder):
     path = folder("llama", "v4")
     data = json.loads((path / "config.json").read_text())
     data["rope_scaling"] = {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
+        "rope_type": "longrope",
+        "short_factor": [1.0] * 8,
+        "long_factor": [2.0] * 8,
         "original_max_position_embeddings": 64,
     }
     (path / "config.json").write_text(json.dumps(data, indent=2))
     report = config_files.show(path)
     assert report["spec"] is None and report["vllm"]["max_model_len"] == L
-    assert ["llama3" in p for p in report["inconsistencies"]] == [True]
+    assert ["longrope" in p for p in report["inconsistencies"]] == [True]
     before = snapshot(path)
     assert config(path, "--factor", "2", "--in-place") == 2
     assert snapshot(path) == before

@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from yarnlib.frequencies import ntk_theta
-from yarnlib.spec import RAMP_METHODS, STATIC_METHODS, YARN_KNOB_DEFAULTS, RopeScaling
+from yarnlib.spec import (
+    CHECKPOINT_METHODS,
+    RAMP_METHODS,
+    STATIC_METHODS,
+    YARN_KNOB_DEFAULTS,
+    RopeScaling,
+)
 
 MARKER = "yarnlib_rope_scaling"
 HF_DYNAMIC_YARN = "yarnlib_dynamic_yarn"
@@ -26,8 +32,10 @@ NATIVE_TYPE = {
     "ntk_by_parts": "yarn",
     "yarn": "yarn",
     "dynamic_yarn": HF_DYNAMIC_YARN,
+    "llama3": "llama3",
 }
 FROM_NATIVE_TYPE = {"default": "none", "linear": "linear", "dynamic": "dynamic_ntk", "yarn": "yarn"}
+FROM_NATIVE_TYPE["llama3"] = "llama3"
 FROM_NATIVE_TYPE[HF_DYNAMIC_YARN] = "dynamic_yarn"
 # Architectures whose configs may omit rope_theta (transformers then uses 10000).
 ROPE_MODEL_TYPES = frozenset(
@@ -54,6 +62,9 @@ def native_rope_parameters(spec: RopeScaling) -> dict[str, Any]:
         params.update(spec.knobs())
     if method == "ntk_by_parts":
         params["attention_factor"] = 1.0
+    if method == "llama3":  # transformers and vLLM require every key
+        params["original_max_position_embeddings"] = spec.original_max_position_embeddings
+        params.update(low_freq_factor=spec.low_freq_factor, high_freq_factor=spec.high_freq_factor)
     return params
 
 
@@ -90,7 +101,7 @@ def to_hf(spec: RopeScaling, format: str = "v4") -> dict[str, Any]:
     max_positions = config_max_position_embeddings(spec)
     if max_positions is not None:
         out["max_position_embeddings"] = max_positions
-    if spec.method != "none":
+    if spec.method not in ("none", *CHECKPOINT_METHODS):  # nothing lowered: no marker needed
         out[MARKER] = marker(spec)
     return out
 
@@ -202,6 +213,14 @@ def native_spec(cfg: Mapping[str, Any], rotary_dim: int) -> RopeScaling:
     factor = params.get("factor")
     if method == "dynamic_ntk":
         kwargs["original_max_position_embeddings"] = max_positions
+    elif method == "llama3":
+        kwargs["original_max_position_embeddings"] = params.get(
+            "original_max_position_embeddings", max_positions
+        )
+        for knob in ("low_freq_factor", "high_freq_factor"):
+            if params.get(knob) is None:
+                raise ValueError(f"rope_scaling.{knob} is required for rope_type 'llama3'")
+            kwargs[knob] = params[knob]
     elif method in ("yarn", "dynamic_yarn"):
         # transformers gives a top-level original_max_position_embeddings priority (Phi3 style).
         original = cfg.get("original_max_position_embeddings") or params.get(

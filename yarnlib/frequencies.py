@@ -157,6 +157,21 @@ def dynamic_yarn(*, original, seq_len, **params) -> Frequencies:
     return yarn(original=original, **params)
 
 
+def llama3(
+    *, rope_theta, rotary_dim, factor, original, low_freq_factor, high_freq_factor, **_
+) -> Frequencies:
+    """Llama 3.1: wavelengths above L/low kept ÷ s, below L/high kept, smoothed between."""
+    inv_freq = base_inv_freq(rope_theta, rotary_dim)
+    low_freq_wavelen = original / low_freq_factor
+    high_freq_wavelen = original / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    divided = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * divided / factor + smooth * divided
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return Frequencies(torch.where(medium, smoothed, divided), 1.0)
+
+
 METHOD_FUNCTIONS: dict[str, Callable[..., Frequencies]] = {
     "none": none,
     "linear": linear,
@@ -165,4 +180,5 @@ METHOD_FUNCTIONS: dict[str, Callable[..., Frequencies]] = {
     "ntk_by_parts": ntk_by_parts,
     "yarn": yarn,
     "dynamic_yarn": dynamic_yarn,
+    "llama3": llama3,
 }

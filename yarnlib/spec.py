@@ -10,7 +10,7 @@ import torch
 from yarnlib import frequencies
 from yarnlib.frequencies import Frequencies
 
-METHODS = ("none", "linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn")
+METHODS = ("none", "linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn", "llama3")
 ALIASES = {
     "default": "none",
     "pi": "linear",
@@ -20,7 +20,9 @@ ALIASES = {
     "dynamic-ntk": "dynamic_ntk",
 }
 # Methods whose frequencies depend on the original (pre-training) context length.
-NEEDS_ORIGINAL = frozenset({"dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn"})
+NEEDS_ORIGINAL = frozenset({"dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn", "llama3"})
+# Scalings checkpoints ship (rope_type llama3): read and kept, never composed with another.
+CHECKPOINT_METHODS = frozenset({"llama3"})
 DYNAMIC = frozenset({"dynamic_ntk", "dynamic_yarn"})
 STATIC_METHODS = tuple(m for m in METHODS if m not in DYNAMIC)
 RAMP_METHODS = frozenset({"ntk_by_parts", "yarn", "dynamic_yarn"})
@@ -33,6 +35,16 @@ YARN_KNOB_DEFAULTS = {
     "attention_factor": None,
     "truncate": True,
 }
+LLAMA3_KNOB_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+KNOB_DEFAULTS = {**YARN_KNOB_DEFAULTS, **LLAMA3_KNOB_DEFAULTS}
+
+
+def method_name(method: Any) -> Any:
+    """``method`` canonicalised where it is a known name (else as given, for the error)."""
+    try:
+        return canonical_method(method)
+    except ValueError:
+        return method
 
 
 def canonical_method(method: str) -> str:
@@ -74,7 +86,7 @@ FIELDS = (
     "original_max_position_embeddings",
     "rope_theta",
     "rotary_dim",
-    *YARN_KNOB_DEFAULTS,
+    *KNOB_DEFAULTS,
 )
 
 
@@ -104,6 +116,8 @@ class RopeScaling:
         mscale_all_dim: float | None = None,
         attention_factor: float | None = None,
         truncate: bool = True,
+        low_freq_factor: float = 1.0,
+        high_freq_factor: float = 4.0,
     ):
         set_ = object.__setattr__
         method = canonical_method(method)
@@ -147,6 +161,14 @@ class RopeScaling:
             if value is not None and value <= 0:
                 raise ValueError(f"{name.replace('fixed_', '')} must be > 0, got {value!r}")
             set_(self, name, value)
+        for name, value in (
+            ("low_freq_factor", low_freq_factor),
+            ("high_freq_factor", high_freq_factor),
+        ):
+            value = _finite_number(name, value)
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+            set_(self, name, value)
         if not isinstance(truncate, bool):
             raise ValueError(f"truncate must be True or False, got {truncate!r}")
         set_(self, "truncate", truncate)
@@ -165,7 +187,7 @@ class RopeScaling:
     def knobs(self) -> dict[str, Any]:
         """The YaRN knobs that differ from their defaults."""
         fields = self.fields()
-        return {k: fields[k] for k, d in YARN_KNOB_DEFAULTS.items() if fields[k] != d}
+        return {k: fields[k] for k, d in KNOB_DEFAULTS.items() if fields[k] != d}
 
     def replace(self, **changes) -> RopeScaling:
         return RopeScaling(**{**self.fields(), **changes})
@@ -182,7 +204,7 @@ class RopeScaling:
         return hash(tuple(self.fields().items()))
 
     def __repr__(self):
-        shown = {k: v for k, v in self.fields().items() if k not in YARN_KNOB_DEFAULTS}
+        shown = {k: v for k, v in self.fields().items() if k not in KNOB_DEFAULTS}
         shown.update(self.knobs())
         return "RopeScaling(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
@@ -192,11 +214,17 @@ class RopeScaling:
                 f"beta_fast must be >= beta_slow, got beta_fast={self.beta_fast!r}, "
                 f"beta_slow={self.beta_slow!r}"
             )
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"high_freq_factor must be > low_freq_factor, got high_freq_factor="
+                f"{self.high_freq_factor!r}, low_freq_factor={self.low_freq_factor!r}"
+            )
         # A knob the method ignores is a mistake the user should hear about.
         for field, value in self.knobs().items():
             allowed = (
                 RAMP_METHODS if field in ("beta_fast", "beta_slow", "truncate") else YARN_METHODS
             )
+            allowed = CHECKPOINT_METHODS if field in LLAMA3_KNOB_DEFAULTS else allowed
             if self.method not in allowed:
                 raise ValueError(
                     f"{field}={value!r} has no effect with method {self.method!r}; "
@@ -222,6 +250,8 @@ class RopeScaling:
             mscale=self.mscale,
             mscale_all_dim=self.mscale_all_dim,
             attention_factor=self.fixed_attention_factor,
+            low_freq_factor=self.low_freq_factor,
+            high_freq_factor=self.high_freq_factor,
         )
 
     def inv_freq(self, seq_len: int | None = None) -> torch.Tensor:
@@ -238,8 +268,9 @@ class RopeScaling:
 
     @property
     def max_position_embeddings(self) -> int | None:
-        """The extended context L × s (None when L is unknown)."""
-        if self.original_max_position_embeddings is None:
+        """The extended context L × s (None when L is unknown, and for llama3, whose
+        checkpoints state their context apart from the factor: 131072 for 8192 × 8)."""
+        if self.original_max_position_embeddings is None or self.method in CHECKPOINT_METHODS:
             return None
         return int(round(self.original_max_position_embeddings * self.factor))
 
@@ -253,6 +284,20 @@ class RopeScaling:
         """``method`` at ``factor`` applied to the *unscaled* model this spec describes (its
         base theta, rotary dim and original context): scaling again never compounds."""
         original = original_max_position_embeddings or self.original_max_position_embeddings
+        if self.method in CHECKPOINT_METHODS:
+            same = method_name(method) == self.method
+            changes = dict(knobs, factor=factor, original_max_position_embeddings=original)
+            if not same or self.replace(**changes) != self:
+                raise ValueError(
+                    f"method: the checkpoint already runs rope {self.method!r} "
+                    f"({self.describe()}), the frequencies it was trained with; yarnlib keeps "
+                    f"them as they are and does not rescale them to method={method!r} "
+                    f"factor={factor!r} (no native form in transformers or vLLM, so patch, config "
+                    f"files and vLLM would disagree). Use method {self.method!r} with factor "
+                    f"{self.factor:g}, which runs the checkpoint's context unchanged everywhere; "
+                    "for a longer context start from the unscaled base checkpoint"
+                )
+            return self
         if original is None:
             raise ValueError(
                 f"original_max_position_embeddings: the config (rope {self.method!r}) does not "

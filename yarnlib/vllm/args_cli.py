@@ -40,6 +40,8 @@ def model_kwargs(
                 f"(model_type {config.get('model_type')!r} would rotate the whole head); use "
                 "vLLM >= 0.14"
             )
+    if max_model_len is None and spec.max_position_embeddings is None:
+        max_model_len = config.get("max_position_embeddings")  # llama3: what the config states
     return llm_kwargs(spec, max_model_len, head_dim=head_dim_of(config), vllm_version=version)
 
 
