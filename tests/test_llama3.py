@@ -101,6 +101,13 @@ def test_other_scaling_on_top_is_refused_with_what_to_do(model_dir, method, fact
         spec_for_model(model_dir, method, factor)
 
 
+def test_llama3_is_not_applied_to_a_model_that_does_not_ship_it():
+    from tiny_models import tiny_model
+
+    with pytest.raises(ValueError, match="method 'llama3' is kept where a checkpoint ships it"):
+        yarnlib.patch(tiny_model(), "llama3", 8.0)
+
+
 def test_vllm_args_write_the_native_llama3(model_dir, capsys):
     spec = spec_for_model(model_dir, "llama3", 8.0)
     kwargs = model_kwargs(model_dir, spec, vllm_version="0.32.0")

@@ -15,6 +15,7 @@ from typing import Any
 from yarnlib.frequencies import ntk_theta
 from yarnlib.spec import (
     CHECKPOINT_METHODS,
+    KNOB_DEFAULTS,
     RAMP_METHODS,
     STATIC_METHODS,
     YARN_KNOB_DEFAULTS,
@@ -84,7 +85,7 @@ def config_max_position_embeddings(spec: RopeScaling) -> int | None:
 def marker(spec: RopeScaling) -> dict[str, Any]:
     fields = spec.fields()
     fields.pop("rotary_dim")  # the config's head_dim says it
-    return {k: v for k, v in fields.items() if YARN_KNOB_DEFAULTS.get(k, object()) != v}
+    return {k: v for k, v in fields.items() if KNOB_DEFAULTS.get(k, object()) != v}
 
 
 def to_hf(spec: RopeScaling, format: str = "v4") -> dict[str, Any]:

@@ -10,7 +10,7 @@ import torch
 from yarnlib import frequencies
 from yarnlib.frequencies import Frequencies
 
-METHODS = ("none", "linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn", "llama3")
+METHODS = ("none", "linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn")
 ALIASES = {
     "default": "none",
     "pi": "linear",
@@ -21,8 +21,9 @@ ALIASES = {
 }
 # Methods whose frequencies depend on the original (pre-training) context length.
 NEEDS_ORIGINAL = frozenset({"dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn", "llama3"})
-# Scalings checkpoints ship (rope_type llama3): read and kept, never composed with another.
-CHECKPOINT_METHODS = frozenset({"llama3"})
+# Scalings checkpoints ship (rope_type llama3): read and kept, never composed with another
+# and never applied to a model that does not ship them.
+CHECKPOINT_METHODS = ("llama3",)
 DYNAMIC = frozenset({"dynamic_ntk", "dynamic_yarn"})
 STATIC_METHODS = tuple(m for m in METHODS if m not in DYNAMIC)
 RAMP_METHODS = frozenset({"ntk_by_parts", "yarn", "dynamic_yarn"})
@@ -53,8 +54,8 @@ def canonical_method(method: str) -> str:
         raise ValueError(f"method must be a string, got {method!r}")
     key = method.strip().lower()
     key = ALIASES.get(key, key)
-    if key not in METHODS:
-        known = ", ".join(METHODS) + "; aliases: " + ", ".join(sorted(ALIASES))
+    if key not in METHODS + CHECKPOINT_METHODS:
+        known = ", ".join(METHODS + CHECKPOINT_METHODS) + "; aliases: " + ", ".join(sorted(ALIASES))
         raise ValueError(f"method: unknown RoPE scaling method {method!r}; known: {known}")
     return key
 
@@ -185,7 +186,7 @@ class RopeScaling:
         }
 
     def knobs(self) -> dict[str, Any]:
-        """The YaRN knobs that differ from their defaults."""
+        """The knobs (YaRN's, llama3's) that differ from their defaults."""
         fields = self.fields()
         return {k: fields[k] for k, d in KNOB_DEFAULTS.items() if fields[k] != d}
 
@@ -284,6 +285,12 @@ class RopeScaling:
         """``method`` at ``factor`` applied to the *unscaled* model this spec describes (its
         base theta, rotary dim and original context): scaling again never compounds."""
         original = original_max_position_embeddings or self.original_max_position_embeddings
+        if method_name(method) in CHECKPOINT_METHODS and self.method != method_name(method):
+            raise ValueError(
+                f"method {method!r} is kept where a checkpoint ships it (rope_type "
+                f"{method_name(method)!r}), not applied to a model running {self.method!r}; "
+                f"to extend this model use one of: {', '.join(METHODS[1:])}"
+            )
         if self.method in CHECKPOINT_METHODS:
             same = method_name(method) == self.method
             changes = dict(knobs, factor=factor, original_max_position_embeddings=original)
