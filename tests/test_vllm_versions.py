@@ -6,6 +6,7 @@ normalisation, ``get_rope``'s choice of theta, rotary dim and YaRN attention fac
 derived ``max_model_len``. For the installed vLLM the same is checked on vLLM itself.
 """
 
+import json
 import math
 
 import pytest
@@ -240,3 +241,20 @@ def test_easyr1_refuses_attention_knobs_its_vllm_cannot_read(tmp_path):
         easyr1.apply(cfg, SPECS["ntk_by_parts"], output=tmp_path / "out", vllm_version="0.11.0")
     assert not (tmp_path / "out").exists()
     easyr1.apply(cfg, SPECS["ntk_by_parts"], output=tmp_path / "out", vllm_version="0.32.0")
+
+
+def test_cli_targets_the_version_asked(tmp_path, capsys):
+    from tiny_models import tiny_config
+
+    from yarnlib import cli
+
+    tiny_config("llama", head_dim=HEAD_DIM).save_pretrained(tmp_path)
+    args = ["vllm-args", str(tmp_path), "--method", "ntk_by_parts", "--factor", "4"]
+    assert cli.main([*args, "--vllm-version", "0.11.0", "--json"]) == 0
+    overrides = json.loads(capsys.readouterr().out)["hf_overrides"]
+    got = read("0.11.0", checkpoint(1.0, 4), overrides)
+    assert got["attention"] == pytest.approx(1.0) and got["theta"] == THETA
+    assert cli.main([*args, "--vllm-version", "0.28.0"]) == 0
+    assert "vLLM 0.28.0: its source was not read" in capsys.readouterr().out
+    assert cli.main([*args, "--vllm-version", "latest"]) == 2
+    assert "vllm_version: 'latest'" in capsys.readouterr().err
