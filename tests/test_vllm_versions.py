@@ -258,3 +258,16 @@ def test_cli_targets_the_version_asked(tmp_path, capsys):
     assert "vLLM 0.28.0: its source was not read" in capsys.readouterr().out
     assert cli.main([*args, "--vllm-version", "latest"]) == 2
     assert "vllm_version: 'latest'" in capsys.readouterr().err
+
+
+def test_partial_qwen_refused_where_vllm_ignores_it(tmp_path):
+    from tiny_models import tiny_config
+
+    from yarnlib.vllm.args_cli import model_kwargs, spec_for_model
+
+    tiny_config("qwen3", head_dim=HEAD_DIM, partial_rotary_factor=0.5).save_pretrained(tmp_path)
+    spec = spec_for_model(tmp_path, "yarn", FACTOR)
+    with pytest.raises(ValueError, match="partial_rotary_factor: vLLM 0.12.0 reads it for Llama"):
+        model_kwargs(tmp_path, spec, vllm_version="0.12.0")
+    params = model_kwargs(tmp_path, spec, vllm_version="0.14.0")["hf_overrides"]["rope_parameters"]
+    assert params["partial_rotary_factor"] == 0.5
