@@ -522,16 +522,11 @@ def test_damaged_record_exits_2(folder, capsys):
 def test_show_rope_types_yarnlib_does_not_know(folder):
     path = folder("llama", "v4")
     data = json.loads((path / "config.json").read_text())
-    data["rope_scaling"] = {
-        "rope_type": "longrope",
-        "short_factor": [1.0] * 8,
-        "long_factor": [2.0] * 8,
-        "original_max_position_embeddings": 64,
-    }
+    data["rope_scaling"] = {"rope_type": "proportional"}
     (path / "config.json").write_text(json.dumps(data, indent=2))
     report = config_files.show(path)
     assert report["spec"] is None and report["vllm"]["max_model_len"] == L
-    assert ["longrope" in p for p in report["inconsistencies"]] == [True]
+    assert ["proportional" in p for p in report["inconsistencies"]] == [True]
     before = snapshot(path)
     assert config(path, "--factor", "2", "--in-place") == 2
     assert snapshot(path) == before

@@ -34,9 +34,10 @@ NATIVE_TYPE = {
     "yarn": "yarn",
     "dynamic_yarn": HF_DYNAMIC_YARN,
     "llama3": "llama3",
+    "longrope": "longrope",
 }
 FROM_NATIVE_TYPE = {"default": "none", "linear": "linear", "dynamic": "dynamic_ntk", "yarn": "yarn"}
-FROM_NATIVE_TYPE["llama3"] = "llama3"
+FROM_NATIVE_TYPE.update(llama3="llama3", longrope="longrope")
 FROM_NATIVE_TYPE[HF_DYNAMIC_YARN] = "dynamic_yarn"
 # Architectures whose configs may omit rope_theta (transformers then uses 10000).
 ROPE_MODEL_TYPES = frozenset(
@@ -66,6 +67,11 @@ def native_rope_parameters(spec: RopeScaling) -> dict[str, Any]:
     if method == "llama3":  # transformers and vLLM require every key
         params["original_max_position_embeddings"] = spec.original_max_position_embeddings
         params.update(low_freq_factor=spec.low_freq_factor, high_freq_factor=spec.high_freq_factor)
+    if method == "longrope":
+        params["original_max_position_embeddings"] = spec.original_max_position_embeddings
+        params.update(short_factor=list(spec.short_factor), long_factor=list(spec.long_factor))
+        if spec.fixed_attention_factor is not None:  # else derived from factor, as it was
+            params["attention_factor"] = spec.fixed_attention_factor
     return params
 
 
@@ -214,6 +220,15 @@ def native_spec(cfg: Mapping[str, Any], rotary_dim: int) -> RopeScaling:
     factor = params.get("factor")
     if method == "dynamic_ntk":
         kwargs["original_max_position_embeddings"] = max_positions
+    elif method == "longrope":  # a top-level original wins, as in transformers (Phi-3)
+        original = cfg.get("original_max_position_embeddings") or params.get(
+            "original_max_position_embeddings"
+        )
+        kwargs["original_max_position_embeddings"] = original
+        if factor is None and max_positions and original:
+            factor = max_positions / original
+        for knob in ("short_factor", "long_factor", "attention_factor"):
+            kwargs[knob] = params.get(knob)
     elif method == "llama3":
         kwargs["original_max_position_embeddings"] = params.get(
             "original_max_position_embeddings", max_positions

@@ -172,6 +172,29 @@ def llama3(
     return Frequencies(torch.where(medium, smoothed, divided), 1.0)
 
 
+def longrope(
+    *,
+    rope_theta,
+    rotary_dim,
+    factor,
+    original,
+    seq_len,
+    short_factor,
+    long_factor,
+    attention_factor,
+    **_,
+) -> Frequencies:
+    """Phi-3 LongRoPE: θ_i divided by a stored factor per frequency, the long ones beyond L."""
+    divisors = long_factor if seq_len and seq_len > original else short_factor
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    inv_freq = 1.0 / (torch.tensor(divisors, dtype=torch.float32) * rope_theta**exponents)
+    if attention_factor is None:
+        attention_factor = 1.0
+        if factor > 1:
+            attention_factor = math.sqrt(1 + math.log(factor) / math.log(original))
+    return Frequencies(inv_freq, float(attention_factor))
+
+
 METHOD_FUNCTIONS: dict[str, Callable[..., Frequencies]] = {
     "none": none,
     "linear": linear,
@@ -181,4 +204,5 @@ METHOD_FUNCTIONS: dict[str, Callable[..., Frequencies]] = {
     "yarn": yarn,
     "dynamic_yarn": dynamic_yarn,
     "llama3": llama3,
+    "longrope": longrope,
 }

@@ -20,10 +20,12 @@ ALIASES = {
     "dynamic-ntk": "dynamic_ntk",
 }
 # Methods whose frequencies depend on the original (pre-training) context length.
-NEEDS_ORIGINAL = frozenset({"dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn", "llama3"})
-# Scalings checkpoints ship (rope_type llama3): read and kept, never composed with another
-# and never applied to a model that does not ship them.
-CHECKPOINT_METHODS = ("llama3",)
+NEEDS_ORIGINAL = frozenset(
+    {"dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn", "llama3", "longrope"}
+)
+# Scalings checkpoints ship (rope_type llama3, longrope): read and kept, never composed with
+# another and never applied to a model that does not ship them.
+CHECKPOINT_METHODS = ("llama3", "longrope")
 DYNAMIC = frozenset({"dynamic_ntk", "dynamic_yarn"})
 STATIC_METHODS = tuple(m for m in METHODS if m not in DYNAMIC)
 RAMP_METHODS = frozenset({"ntk_by_parts", "yarn", "dynamic_yarn"})
@@ -37,7 +39,8 @@ YARN_KNOB_DEFAULTS = {
     "truncate": True,
 }
 LLAMA3_KNOB_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
-KNOB_DEFAULTS = {**YARN_KNOB_DEFAULTS, **LLAMA3_KNOB_DEFAULTS}
+LONGROPE_KNOB_DEFAULTS = {"short_factor": None, "long_factor": None}
+KNOB_DEFAULTS = {**YARN_KNOB_DEFAULTS, **LLAMA3_KNOB_DEFAULTS, **LONGROPE_KNOB_DEFAULTS}
 
 
 def method_name(method: Any) -> Any:
@@ -81,6 +84,23 @@ def _positive_int(field: str, value: Any, *, allow_none: bool = False) -> int | 
     return value
 
 
+def _rescale_factors(field: str, value: Any, rotary_dim: int, method: str):
+    """longrope's per-frequency divisors: ``rotary_dim // 2`` positive numbers, as a tuple."""
+    if value is None:
+        if method == "longrope":
+            raise ValueError(f"{field} is required for method 'longrope'")
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise ValueError(f"{field} must be a list of {rotary_dim // 2} numbers, got {value!r}")
+    numbers = tuple(_finite_number(field, v) for v in value)
+    if len(numbers) != rotary_dim // 2 or min(numbers, default=0) <= 0:
+        raise ValueError(
+            f"{field} must hold {rotary_dim // 2} positive numbers (one per frequency), got "
+            f"{len(numbers)}: {list(numbers)!r}"
+        )
+    return numbers
+
+
 FIELDS = (
     "method",
     "factor",
@@ -119,6 +139,8 @@ class RopeScaling:
         truncate: bool = True,
         low_freq_factor: float = 1.0,
         high_freq_factor: float = 4.0,
+        short_factor: tuple[float, ...] | None = None,
+        long_factor: tuple[float, ...] | None = None,
     ):
         set_ = object.__setattr__
         method = canonical_method(method)
@@ -170,6 +192,8 @@ class RopeScaling:
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value!r}")
             set_(self, name, value)
+        for name, value in (("short_factor", short_factor), ("long_factor", long_factor)):
+            set_(self, name, _rescale_factors(name, value, dim, method))
         if not isinstance(truncate, bool):
             raise ValueError(f"truncate must be True or False, got {truncate!r}")
         set_(self, "truncate", truncate)
@@ -225,7 +249,12 @@ class RopeScaling:
             allowed = (
                 RAMP_METHODS if field in ("beta_fast", "beta_slow", "truncate") else YARN_METHODS
             )
-            allowed = CHECKPOINT_METHODS if field in LLAMA3_KNOB_DEFAULTS else allowed
+            if field in LLAMA3_KNOB_DEFAULTS:
+                allowed = ("llama3",)
+            elif field in LONGROPE_KNOB_DEFAULTS:
+                allowed = ("longrope",)
+            elif field == "attention_factor":
+                allowed = YARN_METHODS | {"longrope"}
             if self.method not in allowed:
                 raise ValueError(
                     f"{field}={value!r} has no effect with method {self.method!r}; "
@@ -253,6 +282,8 @@ class RopeScaling:
             attention_factor=self.fixed_attention_factor,
             low_freq_factor=self.low_freq_factor,
             high_freq_factor=self.high_freq_factor,
+            short_factor=self.short_factor,
+            long_factor=self.long_factor,
         )
 
     def inv_freq(self, seq_len: int | None = None) -> torch.Tensor:
@@ -317,7 +348,10 @@ class RopeScaling:
         if self.original_max_position_embeddings:
             parts.append(f"original={self.original_max_position_embeddings}")
         parts += [f"theta={self.rope_theta:g}", f"rotary_dim={self.rotary_dim}"]
-        parts += [f"{k}={v}" for k, v in self.knobs().items()]
+        parts += [
+            f"{k}=[{len(v)} values]" if isinstance(v, tuple) else f"{k}={v}"
+            for k, v in self.knobs().items()
+        ]
         return " ".join(parts)
 
     # -- conversions (implemented in yarnlib.convert) ---------------------------------------

@@ -66,6 +66,7 @@ def llm_kwargs(
     else:
         params = plugin_rope_parameters(spec, max_model_len or spec.max_position_embeddings)
     params.update(versions.yarn_attention_keys(spec, version))
+    params.update(versions.longrope_keys(spec))
     rotary = versions.rotary_keys(spec.rotary_dim, head_dim, version)
     params.update(rotary)
     kwargs = convert.vllm_kwargs(spec, params)

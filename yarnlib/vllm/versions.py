@@ -83,6 +83,14 @@ def yarn_attention_keys(spec: RopeScaling, version: str) -> dict[str, Any]:
     return keys
 
 
+def longrope_keys(spec: RopeScaling) -> dict[str, Any]:
+    """vLLM's longrope takes its attention factor from short_mscale/long_mscale only (else
+    from max_position_embeddings / original), in every version read."""
+    if spec.method != "longrope":
+        return {}
+    return {"short_mscale": spec.attention_factor(), "long_mscale": spec.attention_factor()}
+
+
 def check_supported(spec: RopeScaling, version: str) -> None:
     """Refuse what vLLM ``version`` cannot run as ``spec`` (a ValueError naming why)."""
     if spec.is_dynamic and parse(version) < PLUGIN_SINCE:
