@@ -649,17 +649,11 @@ def test_unknown_key_in_the_marker_is_one_line_and_exit_2(folder, capsys):
 def test_show_rope_types_yarnlib_does_not_know(folder):
     path = folder("llama", "v4")
     data = json.loads((path / "config.json").read_text())
-    data["rope_scaling"] = {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-    }
+    data["rope_scaling"] = {"rope_type": "proportional"}
     (path / "config.json").write_text(json.dumps(data, indent=2))
     report = config_files.show(path)
     assert report["spec"] is None and report["vllm"]["max_model_len"] == L
-    assert ["llama3" in p for p in report["inconsistencies"]] == [True]
+    assert ["proportional" in p for p in report["inconsistencies"]] == [True]
     before = snapshot(path)
     assert config(path, "--factor", "2", "--in-place") == 2
     assert snapshot(path) == before

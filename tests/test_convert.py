@@ -115,7 +115,7 @@ def test_edited_native_keys_win_over_a_stale_marker():
 def test_from_hf_errors_name_the_problem():
     with pytest.raises(ValueError, match="gpt2.*no rotary"):
         RopeScaling.from_hf(GPT2Config())
-    with pytest.raises(ValueError, match="rope_type 'llama3' is not supported"):
+    with pytest.raises(ValueError, match="rope_scaling.low_freq_factor is required"):
         RopeScaling.from_hf(
             {
                 "model_type": "llama",

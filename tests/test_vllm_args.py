@@ -89,7 +89,7 @@ def test_cli_prints_kwargs_and_serve_flags(model_dir, capsys):
     assert lines[2].startswith("vllm serve ") and "--max-model-len 1024" in lines[2]
     assert cli.main(["vllm-args", str(model_dir), "--method", "pi", "--factor", "2", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    expected = llm_kwargs(RopeScaling("linear", 2.0, 256, 50000.0, 32))
+    expected = llm_kwargs(RopeScaling("linear", 2.0, 256, 50000.0, 32), head_dim=32)
     assert printed == {"model": str(model_dir), **expected}
 
 

@@ -463,7 +463,8 @@ def show(model_dir: str | Path) -> dict[str, Any]:
     native = extended = None
     if spec is not None:
         native = spec.original_max_position_embeddings
-        extended = spec.max_position_embeddings
+        # llama3 checkpoints state their context apart from the factor
+        extended = spec.max_position_embeddings or config.get("max_position_embeddings")
     max_model_len = vllm_max_model_len(config)
     rope_type = params["rope_type"]
     if rope_type == "dynamic":

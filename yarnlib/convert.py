@@ -13,7 +13,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from yarnlib.frequencies import ntk_theta
-from yarnlib.spec import FIELDS, RAMP_METHODS, STATIC_METHODS, YARN_KNOB_DEFAULTS, RopeScaling
+from yarnlib.spec import (
+    CHECKPOINT_METHODS,
+    FIELDS,
+    KNOB_DEFAULTS,
+    RAMP_METHODS,
+    STATIC_METHODS,
+    YARN_KNOB_DEFAULTS,
+    RopeScaling,
+)
 
 MARKER = "yarnlib_rope_scaling"
 MARKER_FIX = f"; delete the key {MARKER!r} to take the rope settings as they are"
@@ -27,8 +35,11 @@ NATIVE_TYPE = {
     "ntk_by_parts": "yarn",
     "yarn": "yarn",
     "dynamic_yarn": HF_DYNAMIC_YARN,
+    "llama3": "llama3",
+    "longrope": "longrope",
 }
 FROM_NATIVE_TYPE = {"default": "none", "linear": "linear", "dynamic": "dynamic_ntk", "yarn": "yarn"}
+FROM_NATIVE_TYPE.update(llama3="llama3", longrope="longrope")
 FROM_NATIVE_TYPE[HF_DYNAMIC_YARN] = "dynamic_yarn"
 # Architectures whose configs may omit rope_theta (transformers then uses 10000).
 ROPE_MODEL_TYPES = frozenset(
@@ -55,6 +66,14 @@ def native_rope_parameters(spec: RopeScaling) -> dict[str, Any]:
         params.update(spec.knobs())
     if method == "ntk_by_parts":
         params["attention_factor"] = 1.0
+    if method == "llama3":  # transformers and vLLM require every key
+        params["original_max_position_embeddings"] = spec.original_max_position_embeddings
+        params.update(low_freq_factor=spec.low_freq_factor, high_freq_factor=spec.high_freq_factor)
+    if method == "longrope":
+        params["original_max_position_embeddings"] = spec.original_max_position_embeddings
+        params.update(short_factor=list(spec.short_factor), long_factor=list(spec.long_factor))
+        if spec.fixed_attention_factor is not None:  # else derived from factor, as it was
+            params["attention_factor"] = spec.fixed_attention_factor
     return params
 
 
@@ -74,7 +93,7 @@ def config_max_position_embeddings(spec: RopeScaling) -> int | None:
 def marker(spec: RopeScaling) -> dict[str, Any]:
     fields = spec.fields()
     fields.pop("rotary_dim")  # the config's head_dim says it
-    return {k: v for k, v in fields.items() if YARN_KNOB_DEFAULTS.get(k, object()) != v}
+    return {k: v for k, v in fields.items() if KNOB_DEFAULTS.get(k, object()) != v}
 
 
 def to_hf(spec: RopeScaling, format: str = "v4") -> dict[str, Any]:
@@ -91,13 +110,16 @@ def to_hf(spec: RopeScaling, format: str = "v4") -> dict[str, Any]:
     max_positions = config_max_position_embeddings(spec)
     if max_positions is not None:
         out["max_position_embeddings"] = max_positions
-    if spec.method != "none":
+    if spec.method not in ("none", *CHECKPOINT_METHODS):  # nothing lowered: no marker needed
         out[MARKER] = marker(spec)
     return out
 
 
-def to_vllm(spec: RopeScaling) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments that run ``spec`` with vLLM's own rotary embeddings."""
+def to_vllm(
+    spec: RopeScaling, head_dim: int | None = None, vllm_version: str | None = None
+) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments that run ``spec`` with vLLM's own rotary embeddings
+    (``yarnlib.vllm.llm_kwargs``: ``head_dim`` and ``vllm_version`` are explained there)."""
     if spec.is_dynamic:
         raise ValueError(
             f"method {spec.method!r} has no native vLLM equivalent (vLLM's 'dynamic' rope is "
@@ -105,7 +127,9 @@ def to_vllm(spec: RopeScaling) -> dict[str, Any]:
             f"{', '.join(STATIC_METHODS)}; for this one use yarnlib.vllm.llm_kwargs (yarnlib's "
             "plugin)"
         )
-    return vllm_kwargs(spec, native_rope_parameters(spec))
+    from yarnlib.vllm.kwargs import llm_kwargs
+
+    return llm_kwargs(spec, head_dim=head_dim, vllm_version=vllm_version)
 
 
 def vllm_kwargs(spec: RopeScaling, rope_parameters: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +180,7 @@ def rope_parameters_of(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return params
 
 
-def rotary_dim_of(cfg: Mapping[str, Any], params: Mapping[str, Any]) -> int:
+def head_dim_of(cfg: Mapping[str, Any]) -> int:
     head_dim = cfg.get("head_dim")
     if head_dim is None:
         hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
@@ -166,8 +190,12 @@ def rotary_dim_of(cfg: Mapping[str, Any], params: Mapping[str, Any]) -> int:
                 "num_attention_heads; pass rotary_dim= explicitly"
             )
         head_dim = hidden // heads
+    return head_dim
+
+
+def rotary_dim_of(cfg: Mapping[str, Any], params: Mapping[str, Any]) -> int:
     partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0
-    return int(head_dim * partial)
+    return int(head_dim_of(cfg) * partial)
 
 
 def has_rope(cfg: Mapping[str, Any]) -> bool:
@@ -194,6 +222,23 @@ def native_spec(cfg: Mapping[str, Any], rotary_dim: int) -> RopeScaling:
     factor = params.get("factor")
     if method == "dynamic_ntk":
         kwargs["original_max_position_embeddings"] = max_positions
+    elif method == "longrope":  # a top-level original wins, as in transformers (Phi-3)
+        original = cfg.get("original_max_position_embeddings") or params.get(
+            "original_max_position_embeddings"
+        )
+        kwargs["original_max_position_embeddings"] = original
+        if factor is None and max_positions and original:
+            factor = max_positions / original
+        for knob in ("short_factor", "long_factor", "attention_factor"):
+            kwargs[knob] = params.get(knob)
+    elif method == "llama3":
+        kwargs["original_max_position_embeddings"] = params.get(
+            "original_max_position_embeddings", max_positions
+        )
+        for knob in ("low_freq_factor", "high_freq_factor"):
+            if params.get(knob) is None:
+                raise ValueError(f"rope_scaling.{knob} is required for rope_type 'llama3'")
+            kwargs[knob] = params[knob]
     elif method in ("yarn", "dynamic_yarn"):
         # transformers gives a top-level original_max_position_embeddings priority (Phi3 style).
         original = cfg.get("original_max_position_embeddings") or params.get(

@@ -157,6 +157,44 @@ def dynamic_yarn(*, original, seq_len, **params) -> Frequencies:
     return yarn(original=original, **params)
 
 
+def llama3(
+    *, rope_theta, rotary_dim, factor, original, low_freq_factor, high_freq_factor, **_
+) -> Frequencies:
+    """Llama 3.1: wavelengths above L/low kept ÷ s, below L/high kept, smoothed between."""
+    inv_freq = base_inv_freq(rope_theta, rotary_dim)
+    low_freq_wavelen = original / low_freq_factor
+    high_freq_wavelen = original / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    divided = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * divided / factor + smooth * divided
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return Frequencies(torch.where(medium, smoothed, divided), 1.0)
+
+
+def longrope(
+    *,
+    rope_theta,
+    rotary_dim,
+    factor,
+    original,
+    seq_len,
+    short_factor,
+    long_factor,
+    attention_factor,
+    **_,
+) -> Frequencies:
+    """Phi-3 LongRoPE: θ_i divided by a stored factor per frequency, the long ones beyond L."""
+    divisors = long_factor if seq_len and seq_len > original else short_factor
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    inv_freq = 1.0 / (torch.tensor(divisors, dtype=torch.float32) * rope_theta**exponents)
+    if attention_factor is None:
+        attention_factor = 1.0
+        if factor > 1:
+            attention_factor = math.sqrt(1 + math.log(factor) / math.log(original))
+    return Frequencies(inv_freq, float(attention_factor))
+
+
 METHOD_FUNCTIONS: dict[str, Callable[..., Frequencies]] = {
     "none": none,
     "linear": linear,
@@ -165,4 +203,6 @@ METHOD_FUNCTIONS: dict[str, Callable[..., Frequencies]] = {
     "ntk_by_parts": ntk_by_parts,
     "yarn": yarn,
     "dynamic_yarn": dynamic_yarn,
+    "llama3": llama3,
+    "longrope": longrope,
 }

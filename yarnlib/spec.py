@@ -20,7 +20,12 @@ ALIASES = {
     "dynamic-ntk": "dynamic_ntk",
 }
 # Methods whose frequencies depend on the original (pre-training) context length.
-NEEDS_ORIGINAL = frozenset({"dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn"})
+NEEDS_ORIGINAL = frozenset(
+    {"dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn", "llama3", "longrope"}
+)
+# Scalings checkpoints ship (rope_type llama3, longrope): read and kept, never composed with
+# another and never applied to a model that does not ship them.
+CHECKPOINT_METHODS = ("llama3", "longrope")
 DYNAMIC = frozenset({"dynamic_ntk", "dynamic_yarn"})
 STATIC_METHODS = tuple(m for m in METHODS if m not in DYNAMIC)
 RAMP_METHODS = frozenset({"ntk_by_parts", "yarn", "dynamic_yarn"})
@@ -36,6 +41,17 @@ YARN_KNOB_DEFAULTS = {
 # 1024 × a 128k context is 134M tokens, far past any model that runs; larger factors are typos
 # (1e300 would write a 300-digit max_position_embeddings).
 MAX_FACTOR = 1024.0
+LLAMA3_KNOB_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+LONGROPE_KNOB_DEFAULTS = {"short_factor": None, "long_factor": None}
+KNOB_DEFAULTS = {**YARN_KNOB_DEFAULTS, **LLAMA3_KNOB_DEFAULTS, **LONGROPE_KNOB_DEFAULTS}
+
+
+def method_name(method: Any) -> Any:
+    """``method`` canonicalised where it is a known name (else as given, for the error)."""
+    try:
+        return canonical_method(method)
+    except ValueError:
+        return method
 
 
 def canonical_method(method: str) -> str:
@@ -44,8 +60,8 @@ def canonical_method(method: str) -> str:
         raise ValueError(f"method must be a string, got {method!r}")
     key = method.strip().lower()
     key = ALIASES.get(key, key)
-    if key not in METHODS:
-        known = ", ".join(METHODS) + "; aliases: " + ", ".join(sorted(ALIASES))
+    if key not in METHODS + CHECKPOINT_METHODS:
+        known = ", ".join(METHODS + CHECKPOINT_METHODS) + "; aliases: " + ", ".join(sorted(ALIASES))
         raise ValueError(f"method: unknown RoPE scaling method {method!r}; known: {known}")
     return key
 
@@ -89,13 +105,30 @@ def _positive_int(field: str, value: Any, *, allow_none: bool = False) -> int | 
     return value
 
 
+def _rescale_factors(field: str, value: Any, rotary_dim: int, method: str):
+    """longrope's per-frequency divisors: ``rotary_dim // 2`` positive numbers, as a tuple."""
+    if value is None:
+        if method == "longrope":
+            raise ValueError(f"{field} is required for method 'longrope'")
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise ValueError(f"{field} must be a list of {rotary_dim // 2} numbers, got {value!r}")
+    numbers = tuple(_finite_number(field, v) for v in value)
+    if len(numbers) != rotary_dim // 2 or min(numbers, default=0) <= 0:
+        raise ValueError(
+            f"{field} must hold {rotary_dim // 2} positive numbers (one per frequency), got "
+            f"{len(numbers)}: {list(numbers)!r}"
+        )
+    return numbers
+
+
 FIELDS = (
     "method",
     "factor",
     "original_max_position_embeddings",
     "rope_theta",
     "rotary_dim",
-    *YARN_KNOB_DEFAULTS,
+    *KNOB_DEFAULTS,
 )
 
 
@@ -125,6 +158,10 @@ class RopeScaling:
         mscale_all_dim: float | None = None,
         attention_factor: float | None = None,
         truncate: bool = True,
+        low_freq_factor: float = 1.0,
+        high_freq_factor: float = 4.0,
+        short_factor: tuple[float, ...] | None = None,
+        long_factor: tuple[float, ...] | None = None,
     ):
         set_ = object.__setattr__
         method = canonical_method(method)
@@ -165,6 +202,16 @@ class RopeScaling:
             if value is not None and value <= 0:
                 raise ValueError(f"{name.replace('fixed_', '')} must be > 0, got {value!r}")
             set_(self, name, value)
+        for name, value in (
+            ("low_freq_factor", low_freq_factor),
+            ("high_freq_factor", high_freq_factor),
+        ):
+            value = _finite_number(name, value)
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+            set_(self, name, value)
+        for name, value in (("short_factor", short_factor), ("long_factor", long_factor)):
+            set_(self, name, _rescale_factors(name, value, dim, method))
         if not isinstance(truncate, bool):
             raise ValueError(f"truncate must be True or False, got {truncate!r}")
         set_(self, "truncate", truncate)
@@ -181,9 +228,9 @@ class RopeScaling:
         }
 
     def knobs(self) -> dict[str, Any]:
-        """The YaRN knobs that differ from their defaults."""
+        """The knobs (YaRN's, llama3's) that differ from their defaults."""
         fields = self.fields()
-        return {k: fields[k] for k, d in YARN_KNOB_DEFAULTS.items() if fields[k] != d}
+        return {k: fields[k] for k, d in KNOB_DEFAULTS.items() if fields[k] != d}
 
     def replace(self, **changes) -> RopeScaling:
         return RopeScaling(**{**self.fields(), **changes})
@@ -200,7 +247,7 @@ class RopeScaling:
         return hash(tuple(self.fields().items()))
 
     def __repr__(self):
-        shown = {k: v for k, v in self.fields().items() if k not in YARN_KNOB_DEFAULTS}
+        shown = {k: v for k, v in self.fields().items() if k not in KNOB_DEFAULTS}
         shown.update(self.knobs())
         return "RopeScaling(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
@@ -210,11 +257,22 @@ class RopeScaling:
                 f"beta_fast must be >= beta_slow, got beta_fast={self.beta_fast!r}, "
                 f"beta_slow={self.beta_slow!r}"
             )
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"high_freq_factor must be > low_freq_factor, got high_freq_factor="
+                f"{self.high_freq_factor!r}, low_freq_factor={self.low_freq_factor!r}"
+            )
         # A knob the method ignores is a mistake the user should hear about.
         for field, value in self.knobs().items():
             allowed = (
                 RAMP_METHODS if field in ("beta_fast", "beta_slow", "truncate") else YARN_METHODS
             )
+            if field in LLAMA3_KNOB_DEFAULTS:
+                allowed = ("llama3",)
+            elif field in LONGROPE_KNOB_DEFAULTS:
+                allowed = ("longrope",)
+            elif field == "attention_factor":
+                allowed = YARN_METHODS | {"longrope"}
             if self.method not in allowed:
                 raise ValueError(
                     f"{field}={value!r} has no effect with method {self.method!r}; "
@@ -240,6 +298,10 @@ class RopeScaling:
             mscale=self.mscale,
             mscale_all_dim=self.mscale_all_dim,
             attention_factor=self.fixed_attention_factor,
+            low_freq_factor=self.low_freq_factor,
+            high_freq_factor=self.high_freq_factor,
+            short_factor=self.short_factor,
+            long_factor=self.long_factor,
         )
 
     def inv_freq(self, seq_len: int | None = None) -> torch.Tensor:
@@ -256,8 +318,9 @@ class RopeScaling:
 
     @property
     def max_position_embeddings(self) -> int | None:
-        """The extended context L × s (None when L is unknown)."""
-        if self.original_max_position_embeddings is None:
+        """The extended context L × s (None when L is unknown, and for llama3, whose
+        checkpoints state their context apart from the factor: 131072 for 8192 × 8)."""
+        if self.original_max_position_embeddings is None or self.method in CHECKPOINT_METHODS:
             return None
         return int(round(self.original_max_position_embeddings * self.factor))
 
@@ -271,6 +334,26 @@ class RopeScaling:
         """``method`` at ``factor`` applied to the *unscaled* model this spec describes (its
         base theta, rotary dim and original context): scaling again never compounds."""
         original = original_max_position_embeddings or self.original_max_position_embeddings
+        if method_name(method) in CHECKPOINT_METHODS and self.method != method_name(method):
+            raise ValueError(
+                f"method {method!r} is kept where a checkpoint ships it (rope_type "
+                f"{method_name(method)!r}), not applied to a model running {self.method!r}; "
+                f"to extend this model use one of: {', '.join(METHODS[1:])}"
+            )
+        if self.method in CHECKPOINT_METHODS:
+            same = method_name(method) == self.method
+            changes = dict(knobs, factor=factor, original_max_position_embeddings=original)
+            if not same or self.replace(**changes) != self:
+                raise ValueError(
+                    f"method: the checkpoint already runs rope {self.method!r} "
+                    f"({self.describe()}), the frequencies it was trained with; yarnlib keeps "
+                    f"them as they are and does not rescale them to method={method!r} "
+                    f"factor={factor!r} (no native form in transformers or vLLM, so patch, config "
+                    f"files and vLLM would disagree). Use method {self.method!r} with factor "
+                    f"{self.factor:g}, which runs the checkpoint's context unchanged everywhere; "
+                    "for a longer context start from the unscaled base checkpoint"
+                )
+            return self
         if original is None:
             raise ValueError(
                 f"original_max_position_embeddings: the config (rope {self.method!r}) does not "
@@ -283,7 +366,10 @@ class RopeScaling:
         if self.original_max_position_embeddings:
             parts.append(f"original={self.original_max_position_embeddings}")
         parts += [f"theta={self.rope_theta:g}", f"rotary_dim={self.rotary_dim}"]
-        parts += [f"{k}={v}" for k, v in self.knobs().items()]
+        parts += [
+            f"{k}=[{len(v)} values]" if isinstance(v, tuple) else f"{k}={v}"
+            for k, v in self.knobs().items()
+        ]
         return " ".join(parts)
 
     # -- conversions (implemented in yarnlib.convert) ---------------------------------------
@@ -299,10 +385,10 @@ class RopeScaling:
 
         return convert.from_hf(config, rotary_dim=rotary_dim)
 
-    def to_vllm(self) -> dict[str, Any]:
+    def to_vllm(self, head_dim: int | None = None, vllm_version: str | None = None):
         from yarnlib import convert
 
-        return convert.to_vllm(self)
+        return convert.to_vllm(self, head_dim, vllm_version)
 
 
 def _rebuild(fields: dict[str, Any]) -> RopeScaling:

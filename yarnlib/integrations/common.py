@@ -9,6 +9,7 @@ from typing import Any
 
 from yarnlib import config_files
 from yarnlib.spec import STATIC_METHODS, RopeScaling
+from yarnlib.vllm import versions
 
 # Config keys that set the RoPE; in the checkpoint recipes only the rewritten config.json has them.
 ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings")
@@ -109,3 +110,21 @@ def rewrite_model_folder(
     config_files.apply(path, config_files.plan(path, spec), in_place=in_place, output=output)
     if output is not None:
         model[path_key] = str(output)
+
+
+def require_rollout_reads(spec: RopeScaling, vllm_version: str | None, fallback: str) -> str:
+    """The rollout's vLLM version (``vllm_version``, else the installed one, else ``fallback``),
+    refusing what that version would read from the rewritten config.json otherwise than the
+    transformers actor does."""
+    version = versions.target(vllm_version, fallback)
+    versions.check_supported(spec, version)
+    if versions.yarn_attention_keys(spec, version) and (
+        versions.parse(version) < versions.ATTENTION_FACTOR_SINCE
+    ):
+        raise ValueError(
+            f"{spec.describe()}: the rollout's vLLM {version} reads the YaRN attention factor "
+            "from config.json only as 0.1·ln(s)+1 (attention_factor and mscale are read from "
+            "vLLM 0.32 on), so actor and rollout would differ; use method yarn without attention "
+            "knobs, or vllm_version >= 0.32"
+        )
+    return version

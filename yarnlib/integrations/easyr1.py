@@ -17,12 +17,14 @@ from yarnlib.integrations.common import (
     refuse_rope_keys,
     require_destination,
     require_model_folder,
+    require_rollout_reads,
     require_static,
     rewrite_model_folder,
     section,
     sequence_length,
 )
 from yarnlib.spec import RopeScaling
+from yarnlib.vllm import versions
 
 
 def apply(
@@ -31,15 +33,19 @@ def apply(
     *,
     output: str | Path | None = None,
     in_place: bool = False,
+    vllm_version: str | None = None,
 ) -> dict[str, Any]:
     """A copy of the EasyR1 config ``cfg`` whose actor and rollout run ``spec``.
 
     The model folder is rewritten into ``output`` (a new folder, weights symlinked; the
     config then points at it) or ``in_place`` (a ``.bak`` of each changed file is kept).
+    ``vllm_version``: the rollout's vLLM (default: the installed one, else 0.11.0, EasyR1's
+    image).
     """
     require_destination(output, in_place, "easyr1")
     cfg = load(cfg)
     require_static(spec, "EasyR1")
+    require_rollout_reads(spec, vllm_version, versions.FRAMEWORK_VERSIONS["EasyR1"])
     model = section(cfg, "worker.actor.model")
     require_model_folder(model, "model_path", "worker.actor.model.model_path")
     override = model.get("override_config")

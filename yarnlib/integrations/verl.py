@@ -21,12 +21,14 @@ from yarnlib.integrations.common import (
     refuse_rope_keys,
     require_destination,
     require_model_folder,
+    require_rollout_reads,
     require_static,
     rewrite_model_folder,
     section,
     sequence_length,
 )
 from yarnlib.spec import RopeScaling
+from yarnlib.vllm import versions
 
 MODEL = "actor_rollout_ref.model"
 HF_OVERRIDES = "actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides"
@@ -48,13 +50,17 @@ def apply(
     *,
     output: str | Path | None = None,
     in_place: bool = False,
+    vllm_version: str | None = None,
 ) -> dict[str, Any]:
     """A copy of the verl PPO/GRPO config ``cfg`` whose actor and rollout run ``spec``; the
     folder at ``actor_rollout_ref.model.path`` is rewritten into ``output`` (weights symlinked,
-    the path then points there) or ``in_place`` (keeping a ``.bak``), as in ``easyr1.apply``."""
+    the path then points there) or ``in_place`` (keeping a ``.bak``), as in ``easyr1.apply``.
+    ``vllm_version``: the rollout's vLLM (default: the installed one, else 0.24.0, verl 0.9.1's
+    pin)."""
     require_destination(output, in_place, "verl")
     cfg = load(cfg)
     require_static(spec, "verl")
+    require_rollout_reads(spec, vllm_version, versions.FRAMEWORK_VERSIONS["verl"])
     model = section(cfg, MODEL)
     require_model_folder(model, "path", f"{MODEL}.path")
     if model.get("hf_config_path"):

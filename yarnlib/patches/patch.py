@@ -116,6 +116,8 @@ def patch(
     state = patch_state(model)
     current = state.original_spec if state else RopeScaling.from_hf(model.config)
     spec = current.rescaled(method, factor, original_max_position_embeddings, **knobs)
+    if spec.method == "longrope":  # only ever the checkpoint's own: its rotary already runs it
+        return model
     head_dim = head_dim_of(model.config)
     routed = rotation.needs_dispatcher(use_kernel, spec.rotary_dim, head_dim)
     if state and state.spec == spec and state.use_kernel == use_kernel:

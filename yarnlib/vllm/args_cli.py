@@ -6,8 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
-from yarnlib.config_files import current_spec
+from yarnlib.config_files import CONFIG, current_spec, read_files
+from yarnlib.convert import head_dim_of
 from yarnlib.spec import METHODS, RopeScaling
+from yarnlib.vllm import versions
 from yarnlib.vllm.kwargs import FIXED_SCALE_LENGTH, llm_kwargs, serve_command
 
 
@@ -16,6 +18,31 @@ def spec_for_model(
 ) -> RopeScaling:
     """``method`` at ``factor`` on the *unscaled* model in ``model_dir`` (never compounded)."""
     return current_spec(model_dir).rescaled(method, factor, original)
+
+
+# Up to 0.12 only vLLM's Llama code passes config.partial_rotary_factor to get_rope.
+LLAMA_READERS = frozenset({"llama"})
+
+
+def model_kwargs(
+    model_dir: str | Path,
+    spec: RopeScaling,
+    max_model_len: int | None = None,
+    vllm_version: str | None = None,
+) -> dict:
+    """``llm_kwargs`` for the model in ``model_dir`` (its head_dim: see ``versions``)."""
+    config = json.loads(read_files(model_dir)[CONFIG])
+    version = versions.target(vllm_version)
+    if spec.rotary_dim != head_dim_of(config) and config.get("model_type") not in LLAMA_READERS:
+        if versions.parse(version) < versions.PARTIAL_IN_DICT_SINCE:
+            raise ValueError(
+                f"partial_rotary_factor: vLLM {version} reads it for Llama-type models only "
+                f"(model_type {config.get('model_type')!r} would rotate the whole head); use "
+                "vLLM >= 0.14"
+            )
+    if max_model_len is None and spec.max_position_embeddings is None:
+        max_model_len = config.get("max_position_embeddings")  # llama3: what the config states
+    return llm_kwargs(spec, max_model_len, head_dim=head_dim_of(config), vllm_version=version)
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,11 +61,18 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_for_model(
         args.model_dir, args.method, args.factor, args.original_max_position_embeddings
     )
-    kwargs = llm_kwargs(spec, args.max_model_len)
+    version = versions.target(args.vllm_version)
+    kwargs = model_kwargs(args.model_dir, spec, args.max_model_len, version)
     if args.json:
         print(json.dumps({"model": args.model_dir, **kwargs}, indent=2))
         return 0
     print(f"# {spec.describe()}")
+    if not versions.is_read(version):
+        print(
+            f"# vLLM {version}: its source was not read (read: "
+            f"{', '.join(versions.READ_VERSIONS)}); the overrides follow the nearest read "
+            "versions: check them with `yarnlib check-rollout`"
+        )
     if spec.is_dynamic:
         print(
             "# needs the yarnlib vLLM plugin (installed with yarnlib); vLLM cannot rescale per "
@@ -60,4 +94,9 @@ def register(subparsers) -> None:
     )
     add_spec_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the LLM kwargs as JSON")
+    parser.add_argument(
+        "--vllm-version",
+        help="the vLLM that will read the overrides (default: the installed one, else "
+        f"{versions.NEWEST_READ}); sources read: {', '.join(versions.READ_VERSIONS)}",
+    )
     parser.set_defaults(func=run)

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from yarnlib.spec import RopeScaling
-from yarnlib.vllm.args_cli import add_spec_arguments, spec_for_model
-from yarnlib.vllm.kwargs import FIXED_SCALE_LENGTH, llm_kwargs
+from yarnlib.vllm.args_cli import add_spec_arguments, model_kwargs, spec_for_model
+from yarnlib.vllm.kwargs import FIXED_SCALE_LENGTH
 
 
 def prompt_ids(model_dir: str | Path, length: int, seed: int, text_file: str | None) -> list[int]:
@@ -115,7 +115,7 @@ def compare(
     """Score ``length`` tokens with both engines; ``kwargs`` replaces ``llm_kwargs(spec)``."""
     if isinstance(length, bool) or not isinstance(length, int) or length < 2:
         raise ValueError(f"length must be an integer >= 2, got {length!r}")
-    kwargs = kwargs if kwargs is not None else llm_kwargs(spec, max_model_len)
+    kwargs = kwargs if kwargs is not None else model_kwargs(model_dir, spec, max_model_len)
     engine_len = kwargs.get("max_model_len")
     if engine_len is None or length >= engine_len:
         raise ValueError(
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_for_model(
         args.model_dir, args.method, args.factor, args.original_max_position_embeddings
     )
-    kwargs = llm_kwargs(spec, args.max_model_len)
+    kwargs = model_kwargs(args.model_dir, spec, args.max_model_len)
     if args.config_as_is:  # what verl's and EasyR1's rollouts do: config.json, no overrides
         kwargs = {"max_model_len": kwargs["max_model_len"]}
     report = compare(

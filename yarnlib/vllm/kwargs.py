@@ -12,6 +12,7 @@ from typing import Any
 
 from yarnlib import convert
 from yarnlib.spec import RopeScaling
+from yarnlib.vllm import versions
 
 # rope_type of each method vLLM runs through the plugin. dynamic_yarn keeps the type it has
 # in config.json (one name per method everywhere); dynamic_ntk gets its own type because
@@ -34,14 +35,24 @@ def plugin_rope_parameters(spec: RopeScaling, fixed_scale_length: int) -> dict[s
     return params
 
 
-def llm_kwargs(spec: RopeScaling, max_model_len: int | None = None) -> dict[str, Any]:
+def llm_kwargs(
+    spec: RopeScaling,
+    max_model_len: int | None = None,
+    *,
+    head_dim: int | None = None,
+    vllm_version: str | None = None,
+) -> dict[str, Any]:
     """``hf_overrides`` (always with ``rope_theta`` and the raised ``max_position_embeddings``)
-    and ``max_model_len`` (default L × s) for ``vllm.LLM``.
+    and ``max_model_len`` (default L × s) for ``vllm.LLM`` of ``vllm_version`` (default: the
+    installed one, else the newest read; see ``versions``).
 
-    For dynamic methods the overrides fix the scale at ``max_model_len``
-    (``fixed_scale_length``): vLLM then runs ``spec`` as transformers does on a sequence of
-    that length.
+    ``head_dim`` (the model's) says how much of a head rotates; without it the rope dict names
+    ``rope_dim``, which vLLM reads from 0.24 on. For dynamic methods the overrides fix the
+    scale at ``max_model_len`` (``fixed_scale_length``): vLLM then runs ``spec`` as
+    transformers does on a sequence of that length.
     """
+    version = versions.target(vllm_version)
+    versions.check_supported(spec, version)
     if max_model_len is not None:
         if isinstance(max_model_len, bool) or not isinstance(max_model_len, int):
             raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
@@ -51,10 +62,19 @@ def llm_kwargs(spec: RopeScaling, max_model_len: int | None = None) -> dict[str,
                 f"max_model_len must be in 1..{limit} (original × factor), got {max_model_len!r}"
             )
     if not spec.is_dynamic:
-        kwargs = convert.to_vllm(spec)
+        params = convert.native_rope_parameters(spec)
     else:
-        length = max_model_len or spec.max_position_embeddings
-        kwargs = convert.vllm_kwargs(spec, plugin_rope_parameters(spec, length))
+        params = plugin_rope_parameters(spec, max_model_len or spec.max_position_embeddings)
+    params.update(versions.yarn_attention_keys(spec, version))
+    params.update(versions.longrope_keys(spec))
+    rotary = versions.rotary_keys(spec.rotary_dim, head_dim, version)
+    params.update(rotary)
+    kwargs = convert.vllm_kwargs(spec, params)
+    overrides = kwargs["hf_overrides"]
+    if versions.parse(version) < versions.TRANSFORMERS_5_SINCE:
+        overrides["rope_scaling"] = dict(params)  # see versions: read under transformers 4
+    if "partial_rotary_factor" in rotary:  # read at the top level up to 0.12
+        overrides["partial_rotary_factor"] = rotary["partial_rotary_factor"]
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
     return kwargs
