@@ -121,7 +121,8 @@ def test_yarnlib_eval_lm_eval_command_runs_lm_eval(monkeypatch, model_dir, task_
     code = main(
         ["eval", "lm-eval", "--model_args", f"pretrained={model_dir},method=yarn,factor=2",
          "--tasks", "tiny_choice,yarnlib_passkey", "--include_path", str(task_dir),
-         "--limit", "2", "--output_path", str(out), "--metadata", json.dumps(PASSKEY)]
+         "--limit", "2", "--output_path", str(out), "--metadata", json.dumps(PASSKEY),
+         "--", "--log_samples"]
     )  # fmt: skip
     assert code == 0
     [saved] = out.rglob("results_*.json")
@@ -131,6 +132,7 @@ def test_yarnlib_eval_lm_eval_command_runs_lm_eval(monkeypatch, model_dir, task_
     assert result["n-samples"]["tiny_choice"]["effective"] == 2
     assert result["n-samples"]["yarnlib_passkey"]["effective"] == 2
     assert 0 <= result["results"]["tiny_choice"]["acc,none"] <= 1
+    assert len(list(out.rglob("samples_tiny_choice_*.jsonl"))) == 1  # the option after `--`
 
 
 def test_wrapper_refuses_a_bad_method(model_dir):
