@@ -2,6 +2,7 @@
 
 import json
 import signal
+from itertools import pairwise
 
 import pytest
 from test_eval_support import text_dataset, tiny_folder
@@ -13,7 +14,9 @@ from yarnlib.eval.store import CellStore
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return tiny_folder(tmp_path_factory.mktemp("tiny") / "model")
+    # sharp logits (initializer_range 0.5): the methods' perplexities differ by far more
+    # than rounding, so a method that is never applied shows
+    return tiny_folder(tmp_path_factory.mktemp("tiny") / "model", initializer_range=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +56,12 @@ def test_perplexity_outputs_and_resume(model_dir, data_dir, tmp_path, capsys):
     assert {c["skipped_short_documents"] for c in result["cells"] if c["length"] == 384} == {1}
     assert (out / "perplexity.csv").read_text().count("\n") == 7
     assert (out / "perplexity.png").stat().st_size > 0
+    value = {(c["method"], c["length"]): c["perplexity"] for c in result["cells"]}
+    beyond = sorted(value[m, 384] for m in ("none", "yarn:2", "dynamic_yarn:2"))
+    assert min(b / a - 1 for a, b in pairwise(beyond)) > 1e-3, beyond
+    # within L, dynamic YaRN is plain RoPE
+    assert value["dynamic_yarn:2", 128] == pytest.approx(value["none", 128], rel=1e-6)
+    assert value["yarn:2", 128] != pytest.approx(value["none", 128], rel=1e-3)
     # a resumed run with everything done computes nothing; without --resume it starts over
     assert ppl(model_dir, data_dir, out, "--resume") == 0
     assert "computed 0 cells" in capsys.readouterr().out

@@ -1,13 +1,15 @@
 """The lm-eval model ``yarnlib`` and the packaged passkey task, end to end on a tiny model."""
 
 import json
-import sys
 
 import pytest
-from test_eval_support import tiny_folder
+import torch
+from lm_eval.tasks import TaskManager
+from test_eval_support import corpus_text, tiny_folder
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from yarnlib.cli import main
-from yarnlib.eval.cli import PASSKEY_YAML, TASKS_DIR
+from yarnlib.eval.cli import TASKS_DIR
 
 TASK = """\
 task: tiny_choice
@@ -28,7 +30,8 @@ PASSKEY = {"max_seq_lengths": [200], "depths": [0.5], "trials": 2}
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return tiny_folder(tmp_path_factory.mktemp("tiny") / "model")
+    # sharp logits (initializer_range 0.5): yarn and plain RoPE differ by far more than rounding
+    return tiny_folder(tmp_path_factory.mktemp("tiny") / "model", initializer_range=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,6 @@ def task_dir(tmp_path_factory):
 
 def test_wrapper_runs_a_local_task_and_passkey(model_dir, task_dir):
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
 
     import yarnlib.eval.lm_eval_model  # noqa: F401  (registers "yarnlib")
 
@@ -67,22 +69,70 @@ def test_wrapper_runs_a_local_task_and_passkey(model_dir, task_dir):
     assert results["config"]["yarnlib_method"] == "yarn:2"
 
 
-def test_yarnlib_eval_lm_eval_command_forwards_to_lm_eval(monkeypatch, task_dir):
-    """The argv lm_eval's own CLI receives (running it indexes all of lm-eval's 14k tasks)."""
-    import lm_eval.__main__
+def test_loglikelihood_is_the_yarn_model_of_the_folder(model_dir):
+    """YarnlibLM's log-likelihoods against plain transformers loading the same folder with
+    yarn ×2 configured natively: a context beyond the original 256 tokens."""
+    from lm_eval.api.instance import Instance
 
-    seen = []
-    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", lambda: seen.append(sys.argv[1:]))
+    from yarnlib.eval.lm_eval_model import YarnlibLM
+
+    context, continuations = corpus_text(250), [" the king hath", " night"]
+    lm = YarnlibLM(pretrained=str(model_dir), method="yarn", factor=2, device="cpu")
+    requests = [Instance("loglikelihood", {}, (context, c), i) for i, c in enumerate(continuations)]
+    got = [logp for logp, _ in lm.loglikelihood(requests)]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256}
+    native = AutoModelForCausalLM.from_pretrained(
+        model_dir, rope_parameters={**yarn, "rope_theta": 50000.0}, max_position_embeddings=512
+    )
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, max_position_embeddings=512)
+    context_ids = tok(context)["input_ids"]
+    assert 256 < len(context_ids) < 500
+    for continuation, value in zip(continuations, got, strict=True):
+        ids = tok(context + continuation)["input_ids"]
+        assert ids[: len(context_ids)] == context_ids
+        expected, unscaled = (
+            continuation_logprob(model, ids, len(context_ids)) for model in (native, plain)
+        )
+        assert value == pytest.approx(expected, rel=1e-5, abs=1e-5)
+        assert abs(unscaled - expected) > 0.01  # the method matters here
+
+
+def continuation_logprob(model, ids: list[int], start: int) -> float:
+    with torch.no_grad():
+        logp = model(torch.tensor([ids])).logits[0].double().log_softmax(-1)
+    return sum(float(logp[t - 1, ids[t]]) for t in range(start, len(ids)))
+
+
+class LocalTaskManager(TaskManager):
+    """lm-eval's TaskManager without its 14k built-in tasks (indexing them takes 25 s or more);
+    the task folder and our passkey YAML are found as in any run."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "include_defaults": False})
+
+
+def test_yarnlib_eval_lm_eval_command_runs_lm_eval(monkeypatch, model_dir, task_dir, tmp_path):
+    """`yarnlib eval lm-eval` through lm-eval's own parser, config and evaluator."""
+    import lm_eval.tasks
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", LocalTaskManager)
+    out = tmp_path / "results"
     code = main(
-        ["eval", "lm-eval", "--model_args", "pretrained=smollm2,method=yarn,factor=2",
-         "--tasks", "hellaswag,yarnlib_passkey", "--include_path", str(task_dir),
-         "--limit", "5", "--", "--log_samples"]
+        ["eval", "lm-eval", "--model_args", f"pretrained={model_dir},method=yarn,factor=2",
+         "--tasks", "tiny_choice,yarnlib_passkey", "--include_path", str(task_dir),
+         "--limit", "2", "--output_path", str(out), "--metadata", json.dumps(PASSKEY),
+         "--", "--log_samples"]
     )  # fmt: skip
     assert code == 0
-    argv = seen[0]
-    assert argv[:4] == ["--model", "yarnlib", "--tasks", f"hellaswag,{PASSKEY_YAML}"]
-    assert ["--include_path", str(task_dir)] == argv[4:6]
-    assert "--limit" in argv and "--device" in argv and argv[-1] == "--log_samples"
+    [saved] = out.rglob("results_*.json")
+    result = json.loads(saved.read_text())
+    assert result["config"]["model"] == "yarnlib"
+    assert result["config"]["yarnlib_method"] == "yarn:2"
+    assert result["n-samples"]["tiny_choice"]["effective"] == 2
+    assert result["n-samples"]["yarnlib_passkey"]["effective"] == 2
+    assert 0 <= result["results"]["tiny_choice"]["acc,none"] <= 1
+    assert len(list(out.rglob("samples_tiny_choice_*.jsonl"))) == 1  # the option after `--`
 
 
 def test_wrapper_refuses_a_bad_method(model_dir):

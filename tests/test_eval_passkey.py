@@ -2,8 +2,12 @@ import re
 
 import pytest
 from test_eval_support import tiny_tokenizer
+from tiny_models import tiny_model
 
+from yarnlib.eval import passkey
+from yarnlib.eval.methods import parse_methods
 from yarnlib.eval.passkey import build_prompt, min_length, parse_answer
+from yarnlib.eval.store import CellStore
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +65,30 @@ def test_too_short_and_bad_depth(tok):
 )
 def test_parse_answer(text, expected):
     assert parse_answer(text) == expected
+
+
+def test_scoring_counts_the_pass_key_only(tok, tmp_path, monkeypatch):
+    """A random model never answers right, so the replies are chosen here: the pass key, a
+    decoy's key (distractor prompts), another number, no number. Accuracy per cell must be
+    the share of replies that are the pass key."""
+    replies = iter(["key", "decoy", "other", "none", "key", "key", "decoy", "key"])
+
+    def reply(model, tokenizer, prompt, max_new_tokens):
+        keys = re.findall(r"The (\w+) key is (\d+)\.", tokenizer.decode(prompt.input_ids))
+        decoys = [int(k) for name, k in keys if name != "pass"]
+        assert len(decoys) == 2 and prompt.key not in decoys
+        kind = next(replies)
+        return {"key": f" {prompt.key}.", "decoy": f" {decoys[0]}.", "other": " 7.",
+                "none": " not given."}[kind]  # fmt: skip
+
+    monkeypatch.setattr(passkey, "answer", reply)
+    store = CellStore(tmp_path, ("method", "length", "depth"), {}, resume=False)
+    methods = parse_methods("none")
+    passkey.run_passkey(tiny_model(), tok, methods, [400], [0.2, 0.8], 4, store, distractors=2)
+    first, second = store.done[("none", 400, 0.2)], store.done[("none", 400, 0.8)]
+    assert (first["correct"], first["accuracy"]) == (1, 0.25)
+    assert (second["correct"], second["accuracy"]) == (3, 0.75)
+    for cell in (first, second):
+        right = [a["answer"] == a["key"] for a in cell["answers"]]
+        assert cell["accuracy"] == sum(right) / len(right) and cell["distractors"] == 2
+    assert [a["answer"] for a in first["answers"]][2:] == [7, None]

@@ -1,4 +1,5 @@
 import math
+from itertools import pairwise
 
 import pytest
 import torch
@@ -9,6 +10,11 @@ from yarnlib.eval.perplexity import run_perplexity, token_nlls, windows
 from yarnlib.eval.store import CellStore
 
 ORIGINAL = 256  # the tiny models' max_position_embeddings
+THETA = 50000.0  # and their rope_theta
+# initializer_range of a model whose logits are far from uniform: on the default tiny model
+# (0.02) every method's perplexity is within 1e-5 of plain RoPE's, so a method never applied
+# would go unnoticed.
+SHARP = 0.5
 
 
 def reference_nll(model, ids, window=None, stride=None):
@@ -33,6 +39,55 @@ def reference_nll(model, ids, window=None, stride=None):
 @pytest.fixture(scope="module")
 def model():
     return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def sharp_model():
+    return tiny_model(initializer_range=SHARP)
+
+
+def native_twin(m: Method, length: int):
+    """The sharp model's weights in plain transformers, its rope configured natively for ``m``
+    on a sequence of ``length`` tokens (written by hand, not by yarnlib)."""
+    yarn = {"rope_type": "yarn", "original_max_position_embeddings": ORIGINAL}
+    stretch = length / ORIGINAL
+    params, max_positions = {
+        "none": ({"rope_type": "default"}, ORIGINAL),
+        "linear": ({"rope_type": "linear", "factor": m.factor}, ORIGINAL),
+        "yarn": ({**yarn, "factor": m.factor}, ORIGINAL * m.factor),
+        "dynamic_ntk": ({"rope_type": "dynamic", "factor": m.factor}, ORIGINAL),
+        # dynamic YaRN on `length` tokens is YaRN at factor length / L (plain RoPE up to L)
+        "dynamic_yarn": (
+            {**yarn, "factor": stretch} if stretch > 1 else {"rope_type": "default"},
+            max(length, ORIGINAL),
+        ),
+    }[m.method]
+    return tiny_model(
+        initializer_range=SHARP,
+        rope_parameters={**params, "rope_theta": THETA},
+        max_position_embeddings=int(max_positions),
+    )
+
+
+def test_each_method_equals_transformers_configured_for_it(sharp_model, tmp_path):
+    docs = [
+        torch.randint(0, 128, (400,), generator=torch.Generator().manual_seed(i)) for i in range(2)
+    ]
+    methods = parse_methods("none,linear:2,yarn:2,dynamic_yarn:2,dynamic_ntk:4")
+    lengths = [128, 384]
+    store = CellStore(tmp_path, ("method", "length"), {}, resume=False)
+    chosen, skipped = {n: [0, 1] for n in lengths}, dict.fromkeys(lengths, 0)
+    run_perplexity(sharp_model, docs, methods, lengths, chosen, skipped, store, ORIGINAL)
+    for m in methods:
+        for n in lengths:
+            twin = native_twin(m, n)
+            totals = [reference_nll(twin, doc[:n]) for doc in docs]
+            expected = math.exp(sum(t for t, _ in totals) / sum(c for _, c in totals))
+            got = store.done[(m.label, n)]["perplexity"]
+            assert math.isclose(got, expected, rel_tol=1e-5), (m.label, n, got, expected)
+    # beyond L the methods are told apart by far more than the tolerance
+    beyond = sorted(store.done[(m.label, 384)]["perplexity"] for m in methods)
+    assert min(b / a - 1 for a, b in pairwise(beyond)) > 100 * 1e-5, beyond
 
 
 @pytest.mark.parametrize("window,stride", [(None, None), (128, 64), (100, 100), (96, 40)])

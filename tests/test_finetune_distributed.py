@@ -1,5 +1,6 @@
 """Two processes on one machine (torchrun, gloo on CPU) train through accelerate's DDP and end
-with identical weights, different from the initial ones."""
+with identical weights, different from the initial ones, and equal to one process trained on
+the same global batch (two micro-batches of accumulation)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from test_finetune_support import cyclic_texts, model_dir, text_folder
 from transformers import AutoModelForCausalLM
+
+from yarnlib.finetune.cli import parse_args
+from yarnlib.finetune.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
 # each rank writes its weights (the process group is gone after accelerate's end_training)
@@ -43,13 +48,16 @@ def test_two_processes_agree_on_the_weights(tmp_path):
     script = tmp_path / "two_ranks.py"
     script.write_text(SCRIPT)
     report = tmp_path
+    common = [
+        "--model", str(model), "--dataset", str(data), "--cache-dir", str(tmp_path / "cache"),
+        "--seq-len", "32", "--batch-size", "2", "--steps", "2", "--method", "yarn",
+        "--factor", "2", "--lr", "1e-3", "--warmup-steps", "0", "--report-to", "none",
+        "--no-cross-document-attention",
+    ]  # fmt: skip
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
         "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), str(report),
-        "--model", str(model), "--dataset", str(data), "--output", str(tmp_path / "run"),
-        "--cache-dir", str(tmp_path / "cache"), "--seq-len", "32", "--batch-size", "2",
-        "--steps", "2", "--method", "yarn", "--factor", "2", "--lr", "1e-3",
-        "--warmup-steps", "0", "--report-to", "none", "--no-cross-document-attention",
+        *common, "--output", str(tmp_path / "run"),
     ]  # fmt: skip
     env = {
         **os.environ,
@@ -67,3 +75,9 @@ def test_two_processes_agree_on_the_weights(tmp_path):
     start = torch.cat([p.detach().flatten() for p in initial.parameters()])
     assert (ranks[0]["weights"] - start).abs().max() > 1e-4
     assert (tmp_path / "run" / "model" / "config.json").is_file()
+    # Each rank must train on its own half of the global batch: one process accumulating both
+    # halves ends where the two did (had both ranks read the same rows, it would not).
+    single = train(parse_args([*common, "--grad-accum", "2", "--output", str(tmp_path / "one")]))
+    weights = torch.cat([p.detach().flatten() for p in single.model.parameters()])
+    torch.testing.assert_close(ranks[0]["weights"], weights, rtol=0, atol=1e-6)
+    assert ranks[0]["losses"] == pytest.approx(single.losses, rel=1e-6)

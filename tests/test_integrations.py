@@ -202,7 +202,6 @@ def test_easyr1_rewrites_the_checkpoint(easyr1_cfg, model_dir, tmp_path):
     assert unknown_easyr1_keys(out) == []
 
 
-
 @pytest.mark.parametrize("framework", ["verl", "easyr1"])
 def test_the_rollouts_vllm_must_read_the_attention_factor_as_written(
     framework, verl_cfg, easyr1_cfg, tmp_path
@@ -215,6 +214,7 @@ def test_the_rollouts_vllm_must_read_the_attention_factor_as_written(
         assert not (tmp_path / old).exists()  # refused before any file is written
     apply(cfg, knob, output=tmp_path / "new", vllm_version="0.32.0")
     apply(cfg, spec(), output=tmp_path / "plain", vllm_version="0.11.0")  # default factor: read
+
 
 def test_easyr1_refuses_actor_only_rope_keys(easyr1_cfg, tmp_path):
     easyr1_cfg["worker"]["actor"]["model"]["override_config"] = {"rope_scaling": {"factor": 2}}

@@ -38,6 +38,30 @@ def native_twin(arch, spec, **overrides):
     )
 
 
+THETA = 50000.0  # tiny_config's rope_theta
+# transformers configured for each method at factor 4, written out by hand from the method
+# definitions (not from yarnlib's spec or its conversions): the independent reference.
+YARN_AT_4 = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}
+HAND_WRITTEN = {
+    "linear": ({"rope_type": "linear", "factor": 4.0}, ORIGINAL),
+    "dynamic_ntk": ({"rope_type": "dynamic", "factor": 4.0}, ORIGINAL),  # scales beyond L
+    "yarn": (YARN_AT_4, 4 * ORIGINAL),
+    "ntk": ({"rope_type": "default", "rope_theta": THETA * 4.0 ** (16 / 14)}, ORIGINAL),
+    "ntk_by_parts": ({**YARN_AT_4, "attention_factor": 1.0}, 4 * ORIGINAL),
+}
+
+
+def hand_written_twin(arch, method, knobs, **overrides):
+    """The same weights, configured natively in transformers from ``HAND_WRITTEN``."""
+    params, max_positions = HAND_WRITTEN[method]
+    return tiny_model(
+        arch,
+        rope_parameters={"rope_theta": THETA, **params, **knobs},
+        max_position_embeddings=max_positions,
+        **overrides,
+    )
+
+
 NATIVE = [
     ("linear", {}),
     ("dynamic_ntk", {}),
@@ -52,7 +76,7 @@ LOWERED = [("ntk", {}), ("ntk_by_parts", {})]
 @pytest.mark.parametrize("method,knobs", NATIVE + LOWERED, ids=lambda x: str(x))
 def test_patched_equals_native_transformers(arch, method, knobs):
     model = yarnlib.patch(tiny_model(arch), method, 4.0, **knobs)
-    native = native_twin(arch, patch_state(model).spec)
+    native = hand_written_twin(arch, method, knobs)
     for n in LENGTHS:
         torch.testing.assert_close(
             logits(model, IDS[:, :n]), logits(native, IDS[:, :n]), rtol=1e-5, atol=1e-5
@@ -192,15 +216,24 @@ def test_declared_length_fixes_the_dynamic_scale():
 
 
 def test_left_padding_with_position_ids():
-    model = yarnlib.patch(tiny_model("qwen3"), "yarn", 4.0)
+    """A dynamic method scales to the longest position: with position ids ignored, the
+    padded row would run at 400 tokens' scale instead of 300 (RoPE itself is relative)."""
+    model = yarnlib.patch(tiny_model("qwen3"), "dynamic_yarn", 4.0)
     long, short = IDS[0, :400], IDS[1, :300]
     pad = torch.zeros(100, dtype=torch.long)
     batch = torch.stack([long, torch.cat([pad, short])])
     mask = torch.stack([torch.ones(400), torch.cat([torch.zeros(100), torch.ones(300)])]).long()
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    alone = logits(model, short[None])[0]
+    padded = logits(model, batch[1:], attention_mask=mask[1:], position_ids=position_ids[1:])
+    torch.testing.assert_close(padded[0, 100:], alone, rtol=1e-4, atol=1e-4)
+    # in a batch, the scale is the batch's: the long row's 400 tokens
     padded = logits(model, batch, attention_mask=mask, position_ids=position_ids)
-    torch.testing.assert_close(padded[1, 100:], logits(model, short[None])[0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(padded[0], logits(model, long[None])[0], rtol=1e-4, atol=1e-4)
+    with yarnlib.declare_length(model, 400):
+        at_400 = logits(model, short[None])[0]
+    torch.testing.assert_close(padded[1, 100:], at_400, rtol=1e-4, atol=1e-4)
+    assert (at_400 - alone).abs().max() > 100 * 1e-4  # the two scales are told apart
 
 
 def reference_partial_apply(q, k, cos, sin, unsqueeze_dim=1):
@@ -250,7 +283,7 @@ def test_kernel_route_equals_transformers_rotation(arch):
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_attention_implementations(attn):
     model = yarnlib.patch(tiny_model("qwen2", attn_implementation=attn), "yarn", 4.0)
-    native = native_twin("qwen2", patch_state(model).spec, attn_implementation="eager")
+    native = hand_written_twin("qwen2", "yarn", {}, attn_implementation="eager")
     torch.testing.assert_close(logits(model), logits(native), rtol=1e-4, atol=1e-4)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from yarnlib import RopeScaling, cli, convert
-from yarnlib.vllm import PLUGIN_TYPES, llm_kwargs, serve_args
+from yarnlib.vllm import llm_kwargs, serve_args
 from yarnlib.vllm.plugin import spec_from_rope_parameters
 
 METHODS = ["none", "linear", "ntk", "ntk_by_parts", "yarn", "dynamic_ntk", "dynamic_yarn"]
@@ -18,18 +18,45 @@ def spec(method, factor=4.0, **knobs):
     return RopeScaling(method, factor, 4096, 1e6, 128, **knobs)
 
 
+THETA, ORIGINAL = 1e6, 4096  # of spec()
+YARN = {"rope_type": "yarn", "rope_theta": THETA, "factor": 4.0, "rope_dim": 128}
+YARN["original_max_position_embeddings"] = ORIGINAL
+FIXED = {"rope_theta": THETA, "factor": 4.0, "original_max_position_embeddings": ORIGINAL}
+FIXED["rope_dim"] = 128  # no head_dim given: vLLM >= 0.24 reads the rotated width here
+FIXED["fixed_scale_length"] = 4 * ORIGINAL  # max_model_len
+# What vLLM must receive for each method at factor 4 (none: 1), written out by hand: rope_parameters
+# and max_position_embeddings as config.json has it (vLLM multiplies it by the factor for
+# linear and for rope types it does not know, not for yarn).
+EXPECTED = {
+    "none": ({"rope_type": "default", "rope_theta": THETA, "rope_dim": 128}, ORIGINAL),
+    "linear": (
+        {"rope_type": "linear", "rope_theta": THETA, "factor": 4.0, "rope_dim": 128},
+        ORIGINAL,
+    ),
+    "ntk": (
+        {"rope_type": "default", "rope_theta": THETA * 4.0 ** (128 / 126), "rope_dim": 128},
+        4 * ORIGINAL,
+    ),
+    "ntk_by_parts": ({**YARN, "attention_factor": 1.0}, 4 * ORIGINAL),
+    "yarn": (YARN, 4 * ORIGINAL),
+    "dynamic_ntk": ({"rope_type": "yarnlib_dynamic_ntk", **FIXED}, ORIGINAL),
+    "dynamic_yarn": ({"rope_type": "yarnlib_dynamic_yarn", **FIXED}, ORIGINAL),
+}
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_kwargs_carry_theta_and_limits(method):
+    params, max_positions = EXPECTED[method]
     kwargs = llm_kwargs(spec(method))
-    overrides = kwargs["hf_overrides"]
-    assert overrides["rope_parameters"]["rope_theta"] == overrides["rope_theta"]
-    assert kwargs["max_model_len"] == 4096 * spec(method).factor
-    if method.startswith("dynamic"):
-        assert overrides["rope_parameters"]["rope_type"] == PLUGIN_TYPES[method]
-        # as in config.json: vLLM multiplies L by factor for types it does not know
-        assert overrides["max_position_embeddings"] == 4096
-        assert overrides["rope_parameters"]["fixed_scale_length"] == 4096 * 4
-    else:
+    assert kwargs == {
+        "hf_overrides": {
+            "rope_parameters": params,
+            "rope_theta": params["rope_theta"],
+            "max_position_embeddings": max_positions,
+        },
+        "max_model_len": ORIGINAL if method == "none" else 4 * ORIGINAL,
+    }
+    if not method.startswith("dynamic"):  # the plain conversion says the same
         assert kwargs == convert.to_vllm(spec(method))
 
 
@@ -173,20 +200,27 @@ def test_plugin_leaves_native_types_alone(plugin_get_rope):
 
 @pytest.mark.parametrize("method", ["dynamic_ntk", "dynamic_yarn"])
 @pytest.mark.parametrize("max_position, scale_len", [(4096, 12000), (16384, 12000)])
-def test_plugin_table_is_the_spec_at_the_fixed_length(
+def test_plugin_table_is_vllms_own_rope_at_the_fixed_length(
     plugin_get_rope, method, max_position, scale_len
 ):
+    """Fixed at M tokens, dynamic NTK is vLLM's own 'dynamic' rope over M positions trained
+    on L, and dynamic YaRN is vLLM's own yarn at factor M / L."""
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 
-    _, wrapped = plugin_get_rope
+    original, wrapped = plugin_get_rope
     params = llm_kwargs(spec(method), max_model_len=scale_len)["hf_overrides"]["rope_parameters"]
+    if method == "dynamic_ntk":
+        native = {"rope_type": "dynamic", "factor": 4.0, "max_trained_positions": ORIGINAL}
+    else:
+        native = {"rope_type": "yarn", "factor": scale_len / ORIGINAL}
+        native["original_max_position_embeddings"] = ORIGINAL
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
         rope = wrapped(128, max_position, True, params, torch.float32)  # no model config
-    inv_freq, factor = spec(method).frequencies(scale_len)  # float32, no table code involved
-    positions = max(max_position, scale_len)  # the table covers every position asked for
-    angles = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq
-    expected = torch.cat((angles.cos() * factor, angles.sin() * factor), dim=-1)
-    assert torch.equal(rope.cos_sin_cache, expected)
+        vllm_rope = original(128, scale_len, True, {**native, "rope_theta": THETA}, torch.float32)
+    ours, theirs = rope.cos_sin_cache, vllm_rope.cos_sin_cache
+    # the table covers every position asked for; vLLM's, the M positions
+    assert ours.shape[0] == max(max_position, scale_len) and theirs.shape[0] == scale_len
+    torch.testing.assert_close(ours[:scale_len], theirs, rtol=0, atol=0)
 
 
 def test_entry_point_loads_register():

@@ -6,12 +6,11 @@ tests below read them. The process is separate because the plugin patches vLLM g
 """
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from vllm_worker import run_worker
 
 pytest.importorskip("vllm")
 
@@ -27,25 +26,8 @@ PARTIAL_QWEN = ["qwen3:yarn:partial", "qwen3:dynamic_yarn:partial"]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("vllm_parity")
-    env = dict(os.environ)
-    env.update(
-        VLLM_CPU_KVCACHE_SPACE="1",
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        VLLM_CPU_OMP_THREADS_BIND=env.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
-        VLLM_CPU_NUM_OF_RESERVED_CPU="0",
-        VLLM_PLUGINS="",  # an installed yarnlib entry point must not load before step 1
-    )
-    proc = subprocess.run(
-        [sys.executable, __file__, str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    path = out / "results.json"
-    if proc.returncode or not path.exists():
-        raise AssertionError(f"worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(path.read_text())
+    # an installed yarnlib entry point must not load before step 1
+    return run_worker(__file__, out, VLLM_PLUGINS="")
 
 
 def test_plugin_unconfigured_is_bit_identical(results):

@@ -19,7 +19,6 @@ import torch
 
 from yarnlib.spec import RopeScaling
 from yarnlib.vllm.args_cli import add_spec_arguments, model_kwargs, spec_for_model
-from yarnlib.vllm.kwargs import FIXED_SCALE_LENGTH
 
 
 def prompt_ids(model_dir: str | Path, length: int, seed: int, text_file: str | None) -> list[int]:
@@ -122,10 +121,10 @@ def compare(
             f"length must be < max_model_len ({engine_len}) so vLLM can add one token, got {length}"
         )
     ids = prompt_ids(model_dir, length, seed, prompt_file)
-    # The length whose scale vLLM runs a dynamic method at; the transformers side declares it.
-    rope_parameters = kwargs.get("hf_overrides", {}).get("rope_parameters") or {}
-    scale_len = rope_parameters.get(FIXED_SCALE_LENGTH, engine_len)
-    expected = transformers_logprobs(model_dir, spec, ids, scale_len)
+    # vLLM must run a dynamic method at the scale of max_model_len (the fixed_scale_length
+    # llm_kwargs writes): the transformers side declares that length, not the one in kwargs,
+    # so an engine fixed at another length fails the check.
+    expected = transformers_logprobs(model_dir, spec, ids, engine_len)
     got = vllm_logprobs(model_dir, ids, kwargs)
     delta = (got - expected).abs()
     original = spec.original_max_position_embeddings

@@ -1,0 +1,129 @@
+"""Negative controls of the vLLM parity check: vLLM configured wrongly in ways a user can hit
+(YaRN's attention factor dropped, the wrong factor, a dynamic method fixed at the wrong length)
+must fail ``check_rollout.compare``, and ``yarnlib check-rollout`` must then exit 1.
+
+As in test_vllm_parity.py, one subprocess (this file run as a script) runs the engines
+in-process, one after another, and writes its findings as JSON; the tests read them.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from vllm_worker import run_worker
+
+pytest.importorskip("vllm")
+
+ORIGINAL = 256  # L of tests/tiny_models.py
+LENGTH = 3 * ORIGINAL  # the prompt
+FACTOR = 4.0  # max_model_len = L × s = 1024
+TOLERANCE = 1e-4  # as in test_vllm_parity.py
+MARGIN = 10 * TOLERANCE  # what each wrong setting must move some log-probability by
+CONTROLS = ("attention_factor", "factor", "fixed_scale_length")
+# longer than the prompt: a check that declared this length on the transformers side (instead
+# of max_model_len) would see both engines agree
+WRONG_FIXED_LENGTH = 2048
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tiny_models import tiny_model
+
+    path = tmp_path_factory.mktemp("vllm_negative") / "llama"
+    tiny_model("llama", head_dim=32).save_pretrained(path)  # head_dim 32: vLLM's CPU minimum
+    return path
+
+
+def assert_sharp(model_dir: Path) -> None:
+    """The tiny model must stay sharp enough for the controls to show: on the transformers side
+    alone, each wrong setting moves some log-probability by more than ``MARGIN``."""
+    from yarnlib.vllm.args_cli import spec_for_model
+    from yarnlib.vllm.check_rollout import prompt_ids, transformers_logprobs
+
+    ids = prompt_ids(model_dir, LENGTH, 0, None)
+    yarn = spec_for_model(model_dir, "yarn", FACTOR)
+    dynamic = spec_for_model(model_dir, "dynamic_yarn", FACTOR)
+    right = transformers_logprobs(model_dir, yarn, ids, 1024)
+    wrong = {
+        "attention_factor": transformers_logprobs(
+            model_dir, yarn.replace(attention_factor=1.0), ids, 1024
+        ),
+        "factor": transformers_logprobs(model_dir, yarn.replace(factor=FACTOR * FACTOR), ids, 1024),
+    }
+    dynamic_right = transformers_logprobs(model_dir, dynamic, ids, 1024)
+    dynamic_wrong = transformers_logprobs(model_dir, dynamic, ids, WRONG_FIXED_LENGTH)
+    moved = {name: (right - values).abs().max().item() for name, values in wrong.items()}
+    moved["fixed_scale_length"] = (dynamic_right - dynamic_wrong).abs().max().item()
+    for name, delta in moved.items():
+        assert delta > MARGIN, f"tiny model too flat for the {name} control: moves {delta:.1e}"
+
+
+@pytest.fixture(scope="module")
+def results(model_dir, tmp_path_factory):
+    assert_sharp(model_dir)
+    return run_worker(__file__, tmp_path_factory.mktemp("vllm_negative_out"), model_dir)
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+def test_wrong_rope_fails_the_check(results, control):
+    report = results["reports"][control]
+    assert not report["passed"], report
+    assert report["beyond"]["max_abs"] > MARGIN, report
+
+
+def test_check_rollout_exits_1_on_failure(results):
+    assert results["cli_rc"] == 1
+    assert "FAIL: max |Δ|" in results["cli_stdout"]
+
+
+# -- the worker ------------------------------------------------------------------------------
+
+
+def worker(model_dir: Path, out: Path) -> None:
+    from yarnlib import cli, config_files
+    from yarnlib.vllm import check_rollout, llm_kwargs
+    from yarnlib.vllm.args_cli import spec_for_model
+
+    reports = {}
+    yarn = spec_for_model(model_dir, "yarn", FACTOR)
+    # the factor compounded (a config scaled twice): vLLM runs yarn ×16 where the actor runs ×4
+    kwargs = llm_kwargs(yarn)
+    kwargs["hf_overrides"]["rope_parameters"]["factor"] = FACTOR * FACTOR
+    reports["factor"] = check_rollout.compare(
+        model_dir, yarn, LENGTH, kwargs=kwargs, tolerance=TOLERANCE
+    )
+    # dynamic YaRN with the overrides printed for max_model_len 2048 in an engine of 1024
+    dynamic = spec_for_model(model_dir, "dynamic_yarn", FACTOR)
+    kwargs = llm_kwargs(dynamic)
+    kwargs["hf_overrides"]["rope_parameters"]["fixed_scale_length"] = WRONG_FIXED_LENGTH
+    reports["fixed_scale_length"] = check_rollout.compare(
+        model_dir, dynamic, LENGTH, kwargs=kwargs, tolerance=TOLERANCE
+    )
+    # A folder rewritten for yarn ×4 whose config.json then lost YaRN's attention factor
+    # (attention_factor 1: yarn's frequencies at plain RoPE's magnitude), checked with the
+    # command as EasyR1's rollout loads it (no overrides).
+    rewritten = out / "llama-yarn"
+    config_files.apply(model_dir, config_files.plan(model_dir, yarn), output=rewritten)
+    config = json.loads((rewritten / "config.json").read_text())
+    config["rope_parameters"]["attention_factor"] = 1.0
+    (rewritten / "config.json").write_text(json.dumps(config))
+    args = ["check-rollout", str(rewritten), "--method", "yarn", "--factor", str(FACTOR),
+            "--config-as-is", "--length", str(LENGTH), "--tolerance", str(TOLERANCE),
+            "--json", str(out / "cli.json")]  # fmt: skip
+    sys.stdout.flush()
+    with open(out / "cli.out", "w") as captured:  # vLLM logs to stdout as well
+        saved, sys.stdout = sys.stdout, captured
+        try:
+            rc = cli.main(args)
+        finally:
+            sys.stdout = saved
+    reports["attention_factor"] = json.loads((out / "cli.json").read_text())
+    results = {"reports": reports, "cli_rc": rc, "cli_stdout": (out / "cli.out").read_text()}
+    (out / "results.json").write_text(json.dumps(results))
+    for name, report in reports.items():  # shown by `python tests/test_vllm_negative.py M OUT`
+        print(f"{name:<20} max |Δ| {report['max_abs']:.2e} passed={report['passed']}")
+
+
+if __name__ == "__main__":
+    worker(Path(sys.argv[1]), Path(sys.argv[2]))
