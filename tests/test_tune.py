@@ -1,0 +1,139 @@
+"""``yarnlib tune`` on tiny models: the search beats the YaRN defaults on a task whose best
+setting is known, the spec file reloads in plain transformers, a rerun continues the search."""
+
+import copy
+import json
+
+import pytest
+import torch
+from test_eval_support import text_dataset, tiny_folder
+from tiny_models import tiny_model
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import yarnlib
+from yarnlib.cli import main
+from yarnlib.eval.store import CellStore
+from yarnlib.spec import RopeScaling
+from yarnlib.spec_file import read_spec_file, write_spec_file
+from yarnlib.tune.search import Search, objective, start_point, to_spec
+
+L, N = 128, 512  # original and target context: 4x
+HIDDEN = dict(beta_fast=4.0, beta_slow=2.0, attention_factor=1.4)  # the teacher's yarn knobs
+
+
+@pytest.fixture(scope="module")
+def teacher_task():
+    """A tiny model made sharp (large q/k and head weights, so RoPE changes its predictions a
+    lot) and text sampled from the same weights run with yarn x4 and non-default knobs: the
+    expected NLL of that text is lowest at the teacher's setting, not at the YaRN defaults."""
+    model = tiny_model("llama", attn_implementation="sdpa", max_position_embeddings=L)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(10)
+            layer.self_attn.k_proj.weight.mul_(10)
+    teacher = yarnlib.patch(copy.deepcopy(model), "yarn", N / L, **HIDDEN)
+    torch.manual_seed(1)
+    text = teacher.generate(
+        torch.randint(0, 128, (2, 1)), do_sample=True, top_k=0, max_new_tokens=N - 1,
+        min_new_tokens=N - 1, pad_token_id=0, eos_token_id=None,
+    )  # fmt: skip
+    return model, list(text)
+
+
+@pytest.fixture(scope="module")
+def searched(teacher_task, tmp_path_factory):
+    model, samples = teacher_task
+    native = RopeScaling.from_hf(model.config)
+    store = CellStore(tmp_path_factory.mktemp("search"), ("key",), {}, True, "trials.jsonl")
+    search = Search(model, samples, native, L, N, store, budget=20)
+    search.run(seed=0)
+    return search
+
+
+def reference_nll_beyond_original(model, samples, spec: RopeScaling) -> float:
+    """Plain transformers with ``spec`` in its config, full logits, float64 log-softmax."""
+    fields = {k: v for k, v in model.config.to_dict().items() if k != "model_type"}
+    config = AutoConfig.for_model("llama", **{**fields, **spec.to_hf("v5")})
+    plain = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    plain.load_state_dict(model.state_dict())
+    nll = []
+    with torch.no_grad():
+        for ids in samples:
+            logp = plain(ids[None]).logits[0, :-1].double().log_softmax(-1)
+            nll.append(-logp.gather(-1, ids[1:, None])[L - 1 :, 0])
+    return float(torch.cat(nll).mean())
+
+
+def test_search_beats_the_yarn_defaults(teacher_task, searched):
+    model, samples = teacher_task
+    native = searched.native
+    start = objective(model, samples, to_spec(native, L, start_point(N / L)), L)["objective"]
+    best = searched.best
+    hidden = objective(model, samples, native.rescaled("yarn", N / L, L, **HIDDEN), L)
+    assert best["objective"] < start - 1.0  # 3.1 -> 1.3 nats when this was written
+    assert best["objective"] < hidden["objective"] + 0.05  # about as good as the teacher's
+    assert searched.computed == len(searched.seen) == 20
+    # the recorded objective is the NLL plain transformers gives with the best spec
+    spec = RopeScaling(**best["spec"])
+    assert spec.knobs()  # not the defaults
+    expected = reference_nll_beyond_original(model, samples, spec)
+    assert best["objective"] == pytest.approx(expected, abs=2e-4)
+
+
+def test_best_spec_exports_natively(searched, tmp_path, capsys):
+    best = RopeScaling(**searched.best["spec"])
+    path = write_spec_file(tmp_path / "best.json", best, objective=searched.best["objective"])
+    assert read_spec_file(path) == best
+    folder = tiny_folder(tmp_path / "model", max_position_embeddings=L)
+    assert main(["config", str(folder), "--spec", str(path), "--output", str(tmp_path / "x")]) == 0
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "x")  # no yarnlib involved
+    assert torch.equal(plain.model.rotary_emb.inv_freq, best.inv_freq())
+    assert plain.model.rotary_emb.attention_scaling == pytest.approx(best.attention_factor())
+    capsys.readouterr()
+    assert main(["vllm-args", str(folder), "--spec", str(path), "--json"]) == 0
+    kwargs = json.loads(capsys.readouterr().out)
+    params = kwargs["hf_overrides"]["rope_parameters"]
+    assert {k: params[k] for k in ("factor", "beta_fast", "beta_slow", "attention_factor")} == {
+        k: getattr(best, k if k != "attention_factor" else "fixed_attention_factor")
+        for k in ("factor", "beta_fast", "beta_slow", "attention_factor")
+    }
+    # a spec tuned for another model (another rope_theta) is refused by name
+    other = tiny_folder(tmp_path / "other", max_position_embeddings=L, rope_theta=10000.0)
+    assert main(["vllm-args", str(other), "--spec", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "rope_theta=50000.0" in err and "rope_theta=10000.0" in err
+    assert main(["vllm-args", str(folder), "--spec", str(path), "--factor", "2"]) == 2
+    assert "drop --factor" in capsys.readouterr().err
+
+
+def tune(model, data, out, budget):
+    return main(
+        ["tune", "--model", str(model), "--target-length", str(N), "--dataset", str(data),
+         "--held-out", str(data), "--budget", str(budget), "--output", str(out)]
+    )  # fmt: skip
+
+
+def test_rerun_continues_the_search(tmp_path, capsys):
+    model = tiny_folder(tmp_path / "model", max_position_embeddings=L)
+    data = text_dataset(tmp_path / "data", {"a": 1500, "b": 1500})
+    out = tmp_path / "out"
+    assert tune(model, data, out, 2) == 0
+    first = (out / "trials.jsonl").read_text().splitlines()
+    assert "(2 computed now)" in capsys.readouterr().out
+    assert tune(model, data, out, 4) == 0
+    assert "(2 computed now)" in capsys.readouterr().out  # only the two new trials
+    lines = (out / "trials.jsonl").read_text().splitlines()
+    assert lines[:2] == first and len(lines) == 4
+    # a kill during an append leaves half a line: the rerun computes that trial again only
+    (out / "trials.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])
+    assert tune(model, data, out, 4) == 0
+    assert "(1 computed now)" in capsys.readouterr().out
+    keys = [json.loads(line)["key"] for line in lines]
+    again = [json.loads(x)["key"] for x in (out / "trials.jsonl").read_text().splitlines()[-1:]]
+    assert again == keys[3:]
+    best, final = read_spec_file(out / "best.json"), json.loads((out / "final.json").read_text())
+    assert best == RopeScaling(**final["best"]["spec"])
+    records = [json.loads(line) for line in lines]
+    assert final["best"]["calibration"]["objective"] == min(r["objective"] for r in records)
+    assert set(final["start"]["held_out"]) >= {"objective", "nll_within_original"}
