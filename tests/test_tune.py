@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_eval_support import text_dataset, tiny_folder
 from tiny_models import tiny_model
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import yarnlib
 from yarnlib.cli import main
@@ -21,17 +21,27 @@ L, N = 128, 512  # original and target context: 4x
 HIDDEN = dict(beta_fast=4.0, beta_slow=2.0, attention_factor=1.4)  # the teacher's yarn knobs
 
 
-@pytest.fixture(scope="module")
-def teacher_task():
-    """A tiny model made sharp (large q/k and head weights, so RoPE changes its predictions a
-    lot) and text sampled from the same weights run with yarn x4 and non-default knobs: the
-    expected NLL of that text is lowest at the teacher's setting, not at the YaRN defaults."""
-    model = tiny_model("llama", attn_implementation="sdpa", max_position_embeddings=L)
+def sharpen(model):
+    """Large q/k and head weights: RoPE then changes the predictions of a random model a lot."""
     with torch.no_grad():
         model.lm_head.weight.mul_(30)
         for layer in model.model.layers:
             layer.self_attn.q_proj.weight.mul_(10)
             layer.self_attn.k_proj.weight.mul_(10)
+    return model
+
+
+def sharpened(folder):
+    sharpen(AutoModelForCausalLM.from_pretrained(folder)).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def teacher_task():
+    """A sharpened tiny model, and text sampled from the same weights run with yarn x4 and
+    non-default knobs: the expected NLL of that text is lowest at the teacher's setting, not at
+    the YaRN defaults."""
+    model = sharpen(tiny_model("llama", attn_implementation="sdpa", max_position_embeddings=L))
     teacher = yarnlib.patch(copy.deepcopy(model), "yarn", N / L, **HIDDEN)
     torch.manual_seed(1)
     text = teacher.generate(
@@ -51,18 +61,20 @@ def searched(teacher_task, tmp_path_factory):
     return search
 
 
+def reference_nll(plain, ids: torch.Tensor) -> torch.Tensor:
+    """NLL of each token 1.. of ``ids`` from a plain transformers model: full logits, float64."""
+    with torch.no_grad():
+        logp = plain(ids[None]).logits[0, :-1].double().log_softmax(-1)
+    return -logp.gather(-1, ids[1:, None])[:, 0]
+
+
 def reference_nll_beyond_original(model, samples, spec: RopeScaling) -> float:
-    """Plain transformers with ``spec`` in its config, full logits, float64 log-softmax."""
+    """Plain transformers with ``spec`` in its config (no yarnlib code runs the model)."""
     fields = {k: v for k, v in model.config.to_dict().items() if k != "model_type"}
     config = AutoConfig.for_model("llama", **{**fields, **spec.to_hf("v5")})
     plain = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
     plain.load_state_dict(model.state_dict())
-    nll = []
-    with torch.no_grad():
-        for ids in samples:
-            logp = plain(ids[None]).logits[0, :-1].double().log_softmax(-1)
-            nll.append(-logp.gather(-1, ids[1:, None])[L - 1 :, 0])
-    return float(torch.cat(nll).mean())
+    return float(torch.cat([reference_nll(plain, ids)[L - 1 :] for ids in samples]).mean())
 
 
 def test_search_beats_the_yarn_defaults(teacher_task, searched):
@@ -85,11 +97,23 @@ def test_best_spec_exports_natively(searched, tmp_path, capsys):
     best = RopeScaling(**searched.best["spec"])
     path = write_spec_file(tmp_path / "best.json", best, objective=searched.best["objective"])
     assert read_spec_file(path) == best
-    folder = tiny_folder(tmp_path / "model", max_position_embeddings=L)
+    folder = sharpened(tiny_folder(tmp_path / "model", max_position_embeddings=L))
     assert main(["config", str(folder), "--spec", str(path), "--output", str(tmp_path / "x")]) == 0
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "x")  # no yarnlib involved
     assert torch.equal(plain.model.rotary_emb.inv_freq, best.inv_freq())
     assert plain.model.rotary_emb.attention_scaling == pytest.approx(best.attention_factor())
+    # eval runs the file's exact spec as one more row, as plain transformers runs the export
+    data = text_dataset(tmp_path / "data", {"a": 1500})
+    assert main(
+        ["eval", "perplexity", "--model", str(folder), "--methods", "yarn:4", "--spec", str(path),
+         "--dataset", str(data), "--lengths", str(N), "--samples", "1",
+         "--output", str(tmp_path / "ppl")]
+    ) == 0  # fmt: skip
+    cells = json.loads((tmp_path / "ppl" / "perplexity.json").read_text())["cells"]
+    nll = {c["method"]: c["nll"] for c in cells}
+    tokens = plain_tokens(folder, tmp_path / "data" / "a.txt")
+    assert nll["spec:best"] == pytest.approx(float(reference_nll(plain, tokens).mean()), abs=1e-5)
+    assert abs(nll["spec:best"] - nll["yarn:4"]) > 1e-2  # the knobs make a difference
     capsys.readouterr()
     assert main(["vllm-args", str(folder), "--spec", str(path), "--json"]) == 0
     kwargs = json.loads(capsys.readouterr().out)
@@ -105,6 +129,11 @@ def test_best_spec_exports_natively(searched, tmp_path, capsys):
     assert "rope_theta=50000.0" in err and "rope_theta=10000.0" in err
     assert main(["vllm-args", str(folder), "--spec", str(path), "--factor", "2"]) == 2
     assert "drop --factor" in capsys.readouterr().err
+
+
+def plain_tokens(folder, text_file) -> torch.Tensor:
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return torch.tensor(tokenizer(text_file.read_text())["input_ids"][:N])
 
 
 def tune(model, data, out, budget):
