@@ -143,8 +143,13 @@ def tune(model, data, out, budget):
     )  # fmt: skip
 
 
-def test_rerun_continues_the_search(tmp_path, capsys):
-    model = tiny_folder(tmp_path / "model", max_position_embeddings=L)
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_folder(tmp_path_factory.mktemp("tiny") / "model", max_position_embeddings=L)
+
+
+def test_rerun_continues_the_search(model_dir, tmp_path, capsys):
+    model = model_dir
     data = text_dataset(tmp_path / "data", {"a": 1500, "b": 1500})
     out = tmp_path / "out"
     assert tune(model, data, out, 2) == 0
@@ -166,3 +171,39 @@ def test_rerun_continues_the_search(tmp_path, capsys):
     records = [json.loads(line) for line in lines]
     assert final["best"]["calibration"]["objective"] == min(r["objective"] for r in records)
     assert set(final["start"]["held_out"]) >= {"objective", "nll_within_original"}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"--target-length": str(L)}, "target_length: 128 is not beyond the original context 128"),
+        ({"--budget": "0"}, "budget must be a positive integer, got 0"),
+        ({"--dataset": "short"}, "dataset: no document has the target length of 512 tokens"),
+    ],
+)
+def test_bad_input_is_refused_by_name(model_dir, tmp_path, capsys, change, message):
+    text_dataset(tmp_path / "short", {"a": 30})
+    text_dataset(tmp_path / "long", {"a": 1500})
+    argv = {"--model": str(model_dir), "--target-length": str(N), "--dataset": "long"}
+    argv.update({"--budget": "2", "--output": str(tmp_path / "out"), **change})
+    for key in ("--dataset",):
+        argv[key] = str(tmp_path / argv[key])
+    assert main(["tune", *[x for kv in argv.items() for x in kv]]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{not json", "is not JSON"),
+        ('{"format": "other"}', "has format 'other'; allowed: 'yarnlib-rope-spec/1'"),
+        ('{"format": "yarnlib-rope-spec/1", "spec": {"factor": 0.5, "rotary_dim": 16}}',
+         "factor must be >= 1"),
+    ],
+)  # fmt: skip
+def test_a_bad_spec_file_is_refused_by_name(tmp_path, text, message):
+    path = tmp_path / "best.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="spec: ") as error:
+        read_spec_file(path)
+    assert message in str(error.value) and str(path) in str(error.value)

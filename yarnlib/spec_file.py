@@ -53,7 +53,7 @@ def read_spec_file(path: str | Path) -> RopeScaling:
         raise ValueError(f"spec: {path} has no 'spec' object")
     try:
         return RopeScaling(**fields)
-    except TypeError as error:
+    except (TypeError, ValueError) as error:  # a field missing, unknown or out of range
         raise ValueError(f"spec: {path}: {error}") from None
 
 
