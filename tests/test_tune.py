@@ -98,10 +98,16 @@ def test_best_spec_exports_natively(searched, tmp_path, capsys):
     path = write_spec_file(tmp_path / "best.json", best, objective=searched.best["objective"])
     assert read_spec_file(path) == best
     folder = sharpened(tiny_folder(tmp_path / "model", max_position_embeddings=L))
-    assert main(["config", str(folder), "--spec", str(path), "--output", str(tmp_path / "x")]) == 0
+    # written onto a folder already scaled (yarn x2): the file's spec, not compounded
+    assert main(["config", str(folder), "--factor", "2", "--output", str(tmp_path / "x2")]) == 0
+    assert (
+        main(["config", str(tmp_path / "x2"), "--spec", str(path), "--output", str(tmp_path / "x")])
+        == 0
+    )
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "x")  # no yarnlib involved
     assert torch.equal(plain.model.rotary_emb.inv_freq, best.inv_freq())
     assert plain.model.rotary_emb.attention_scaling == pytest.approx(best.attention_factor())
+    assert plain.config.max_position_embeddings == N
     # eval runs the file's exact spec as one more row, as plain transformers runs the export
     data = text_dataset(tmp_path / "data", {"a": 1500})
     assert main(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -97,19 +98,19 @@ def objective(model, samples: list[torch.Tensor], spec: RopeScaling, original: i
 class Search:
     """State of one search: the trials in its store, the best so far, the budget used."""
 
-    model: object
+    model: torch.nn.Module
     samples: list[torch.Tensor]
     native: RopeScaling
     original: int
     target_length: int
     store: CellStore
     budget: int
-    on_best: object = None  # called with (spec, record) whenever the best improves
-    seen: set = field(default_factory=set)
+    on_best: Callable[[RopeScaling, dict], None] | None = None  # on every new best
+    seen: set[str] = field(default_factory=set)  # trial keys this run has spent budget on
     computed: int = 0
     best: dict | None = None
     best_point: dict | None = None
-    bar: object = field(default=None, repr=False)
+    bar: tqdm | None = field(default=None, repr=False)
 
     def evaluate(self, point: dict[str, float]) -> float | None:
         """The objective at ``point``: from the store, or computed and appended; None once the
