@@ -3,6 +3,7 @@ setting is known, the spec file reloads in plain transformers, a rerun continues
 
 import copy
 import json
+import signal
 
 import pytest
 import torch
@@ -177,6 +178,25 @@ def test_rerun_continues_the_search(model_dir, tmp_path, capsys):
     records = [json.loads(line) for line in lines]
     assert final["best"]["calibration"]["objective"] == min(r["objective"] for r in records)
     assert set(final["start"]["held_out"]) >= {"objective", "nll_within_original"}
+
+
+def test_ctrl_c_keeps_the_trials_and_the_best_so_far(model_dir, tmp_path, monkeypatch, capsys):
+    add = CellStore.add
+
+    def add_then_interrupt(self, record):  # Ctrl-C right after the first trial is stored
+        add(self, record)
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(CellStore, "add", add_then_interrupt)
+    data = text_dataset(tmp_path / "data", {"a": 1500})
+    try:
+        code = tune(model_dir, data, tmp_path / "out", 4)
+    except KeyboardInterrupt:  # escaping, it would also stop this pytest session
+        pytest.fail("Ctrl-C escaped as a KeyboardInterrupt traceback")
+    assert code == 130
+    assert "rerun the same command to continue" in capsys.readouterr().err
+    (trial,) = [json.loads(x) for x in (tmp_path / "out" / "trials.jsonl").read_text().splitlines()]
+    assert read_spec_file(tmp_path / "out" / "best.json") == RopeScaling(**trial["spec"])
 
 
 @pytest.mark.parametrize(

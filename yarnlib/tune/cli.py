@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -84,7 +85,15 @@ def run(args) -> int:
         )  # fmt: skip
 
     search = Search(model, calibration, native, original, length, store, args.budget, save_best)
-    best = search.run(args.seed)
+    try:
+        best = search.run(args.seed)
+    except KeyboardInterrupt:  # exit 130, as shells do, saying how to go on
+        print(
+            f"\ninterrupted: finished trials are in {output / TRIALS}, the best so far in "
+            f"{output / BEST}; rerun the same command to continue",
+            file=sys.stderr,
+        )
+        return 130
     start_spec = to_spec(native, original, start_point(length / original))
     best_spec = to_spec(native, original, search.best_point)
     final = {

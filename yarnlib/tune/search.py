@@ -122,7 +122,8 @@ class Search:
             self.seen.add(key)
             self.bar.update(1)
         record = self.store.done.get((key,))
-        if record is None:
+        fresh = record is None
+        if fresh:
             spec = to_spec(self.native, self.original, point)
             started = time.perf_counter()
             scores = objective(self.model, self.samples, spec, self.original)
@@ -134,13 +135,15 @@ class Search:
                 "spec": spec.fields(),
                 "seconds": round(time.perf_counter() - started, 3),
             }
-            self.store.add(record)
-            self.computed += 1
         if self.best is None or record["objective"] < self.best["objective"]:
             self.best, self.best_point = record, point
             self.bar.set_postfix_str(f"best {record['objective']:.4f}")
-            if self.on_best is not None:
+            if self.on_best is not None:  # before the trial is stored: a kill in between
+                # leaves the best on disk, and the rerun recomputes only that trial
                 self.on_best(to_spec(self.native, self.original, point), record)
+        if fresh:
+            self.store.add(record)
+            self.computed += 1
         return record["objective"]
 
     def same_tables(self, a: dict[str, float], b: dict[str, float]) -> bool:
