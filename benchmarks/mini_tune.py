@@ -23,6 +23,7 @@ from yarnlib.cli import main as yarnlib_main
 from yarnlib.documents import DEFAULT_DATASET
 
 ORIGINAL = 256
+KNOB_COLUMNS = ("factor", "beta_fast", "beta_slow", "attention_factor")
 
 
 def pretrained(args, output: Path, train_files: list[Path]) -> Path:
@@ -78,8 +79,6 @@ def main(argv: list[str] | None = None) -> None:
             f"  {spec}"
         )
 
-
-KNOB_COLUMNS = ("factor", "beta_fast", "beta_slow", "attention_factor")
 
 if __name__ == "__main__":
     main()
