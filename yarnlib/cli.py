@@ -20,6 +20,7 @@ SUBCOMMANDS = [
     "yarnlib.vllm.check_rollout",
     "yarnlib.eval.cli",
     "yarnlib.finetune.cli",
+    "yarnlib.tune.cli",
     "yarnlib.demo",
 ]
 

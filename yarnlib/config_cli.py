@@ -9,6 +9,7 @@ from typing import Any
 
 from yarnlib import config_files
 from yarnlib.spec import METHODS, YARN_KNOB_DEFAULTS
+from yarnlib.spec_file import spec_on_model
 
 KNOBS = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor")
 
@@ -68,14 +69,17 @@ def _requested(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     requested = _requested(args)
-    changing = bool(requested) or args.reset or args.format != "auto"
+    if args.spec and requested:
+        options = ", ".join("--" + k.replace("_", "-") for k in requested)
+        raise ValueError(f"spec: {args.spec} is the whole spec; drop {options}")
+    changing = bool(requested or args.spec) or args.reset or args.format != "auto"
     if args.show or args.check or not changing:
         if changing:
             raise ValueError("--show/--check only report; drop them to change the files")
         report = config_files.show(args.model_dir)
         print(json.dumps(report, indent=2) if args.json else format_report(report))
         return 1 if args.check and report["inconsistencies"] else 0
-    if args.reset and requested:
+    if args.reset and (requested or args.spec):
         raise ValueError("--reset restores the native settings: give it without --method/--factor")
     if args.json:
         raise ValueError("--json applies to --show only")
@@ -90,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
         for path in config_files.complete_interrupted(args.model_dir):
             print(f"wrote {path} (completing an interrupted rewrite)")
     spec = None
-    if requested:
+    if args.spec:
+        spec = spec_on_model(args.spec, config_files.current_spec(args.model_dir))
+    elif requested:
         spec = config_files.target_spec(args.model_dir, **requested)
     elif not args.reset:  # --format alone: the settings the folder runs now, in that format
         spec = config_files.current_spec(args.model_dir)
@@ -137,6 +143,7 @@ def register(subparsers) -> None:
     for knob in KNOBS:
         rope.add_argument("--" + knob.replace("_", "-"), type=float, help="YaRN knob")
     rope.add_argument("--no-truncate", action="store_true", help="YaRN: truncate=False")
+    rope.add_argument("--spec", metavar="FILE", help="a spec file (best.json of yarnlib tune)")
     rope.add_argument(
         "--format",
         choices=config_files.FORMATS,

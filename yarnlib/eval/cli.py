@@ -12,10 +12,11 @@ import torch
 from transformers import AutoTokenizer
 
 from yarnlib.documents import DEFAULT_DATASET, load_documents, select_samples
-from yarnlib.eval.methods import check_methods, parse_methods
+from yarnlib.eval.methods import Method, check_methods, parse_methods
 from yarnlib.eval.store import CELLS, CellStore
 from yarnlib.models import load_config, load_model, resolve
 from yarnlib.spec import METHODS
+from yarnlib.spec_file import read_spec_file, spec_on_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TASKS_DIR = Path(__file__).parent / "tasks"
@@ -58,11 +59,17 @@ def prepare(args, lengths):
         raise ValueError(f"dtype: {args.dtype!r}; allowed: {', '.join(DTYPES)}")
     methods = parse_methods(args.methods, args.factor)
     native = check_methods(load_config(args.model), methods)
+    if args.spec:  # one more row: exactly the spec in the file, labelled spec:NAME
+        spec = spec_on_model(args.spec, native)
+        methods.append(Method(spec.method, spec.factor, spec, f"spec:{Path(args.spec).stem}"))
     return methods, native.original_max_position_embeddings
 
 
 def settings(args, *fields) -> dict:
-    return {"model": args.model, "dtype": args.dtype, **{f: getattr(args, f) for f in fields}}
+    given = {f: getattr(args, f) for f in fields}
+    if args.spec:  # the file's content: an edited spec file must not reuse the old cells
+        given["spec"] = read_spec_file(args.spec).fields()
+    return {"model": args.model, "dtype": args.dtype, **given}
 
 
 def run_device() -> str:
@@ -205,6 +212,7 @@ def common(parser, lengths: str, output: str) -> None:
         help=f"comma-separated METHOD[:FACTOR]; methods: {', '.join(METHODS)}",
     )
     parser.add_argument("--factor", type=float, default=2.0, help="factor when none is given")
+    parser.add_argument("--spec", metavar="FILE", help="also run this spec file (best.json)")
     parser.add_argument("--lengths", default=lengths, help="comma-separated token lengths")
     parser.add_argument("--output", default=output, help="folder for every result file")
     parser.add_argument("--resume", action="store_true", help="skip cells already in the JSONL")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import yarnlib
 from yarnlib.patches.patch import SUPPORTED, patch_state
 from yarnlib.spec import METHODS, RopeScaling, canonical_method, checked_factor
+from yarnlib.spec_file import patch_arguments
 
 
 @dataclass(frozen=True)
@@ -15,9 +16,13 @@ class Method:
 
     method: str
     factor: float
+    spec: RopeScaling | None = None  # an exact spec (from a spec file): its knobs, its original
+    name: str | None = None
 
     @property
     def label(self) -> str:
+        if self.name:
+            return self.name
         return "none" if self.method == "none" else f"{self.method}:{self.factor:g}"
 
     @property
@@ -73,4 +78,6 @@ def apply_method(model, m: Method):
         if patch_state(model) is not None:
             yarnlib.unpatch(model)
         return model
+    if m.spec is not None:
+        return yarnlib.patch(model, **patch_arguments(m.spec))
     return yarnlib.patch(model, method=m.method, factor=m.factor)

@@ -22,10 +22,15 @@ def settings_id(settings: dict[str, Any]) -> str:
 
 class CellStore:
     def __init__(
-        self, output: str | Path, key_fields: tuple[str, ...], settings: dict, resume: bool
+        self,
+        output: str | Path,
+        key_fields: tuple[str, ...],
+        settings: dict,
+        resume: bool,
+        filename: str = CELLS,
     ):
         self.output = Path(output)
-        self.path = self.output / CELLS
+        self.path = self.output / filename
         try:
             self.output.mkdir(parents=True, exist_ok=True)
         except OSError as error:  # e.g. --output names a file
@@ -34,7 +39,7 @@ class CellStore:
                 "allowed: a new or existing folder"
             ) from None
         if self.path.exists() and not self.path.is_file():
-            raise ValueError(f"output: {self.path} is not a file; allowed: {CELLS} as a file")
+            raise ValueError(f"output: {self.path} is not a file; allowed: {filename} as a file")
         self.key_fields = key_fields
         self.settings = settings
         self.id = settings_id(settings)

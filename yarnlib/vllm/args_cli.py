@@ -9,6 +9,7 @@ from pathlib import Path
 from yarnlib.config_files import CONFIG, current_spec, read_files
 from yarnlib.convert import head_dim_of
 from yarnlib.spec import METHODS, RopeScaling
+from yarnlib.spec_file import spec_on_model
 from yarnlib.vllm import versions
 from yarnlib.vllm.kwargs import FIXED_SCALE_LENGTH, llm_kwargs, serve_command
 
@@ -45,10 +46,26 @@ def model_kwargs(
     return llm_kwargs(spec, max_model_len, head_dim=head_dim_of(config), vllm_version=version)
 
 
+def spec_from_args(args: argparse.Namespace) -> RopeScaling:
+    """``--spec FILE`` (exactly that spec), or ``--method``/``--factor`` on the unscaled model."""
+    options = ("method", "factor", "original_max_position_embeddings")
+    if args.spec:
+        given = ["--" + o.replace("_", "-") for o in options if getattr(args, o) is not None]
+        if given:
+            raise ValueError(f"spec: {args.spec} is the whole spec; drop {', '.join(given)}")
+        return spec_on_model(args.spec, current_spec(args.model_dir))
+    if args.factor is None:
+        raise ValueError("factor: required (e.g. --factor 4), or a spec file with --spec FILE")
+    return spec_for_model(
+        args.model_dir, args.method or "yarn", args.factor, args.original_max_position_embeddings
+    )
+
+
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", help="a model folder with config.json")
-    parser.add_argument("--method", default="yarn", help=f"one of {', '.join(METHODS)}")
-    parser.add_argument("--factor", type=float, required=True)
+    parser.add_argument("--method", help=f"one of {', '.join(METHODS)}; default yarn")
+    parser.add_argument("--factor", type=float, help="context multiplier s (>= 1)")
+    parser.add_argument("--spec", metavar="FILE", help="a spec file (best.json of yarnlib tune)")
     parser.add_argument(
         "--original-max-position-embeddings",
         type=int,
@@ -58,9 +75,7 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = spec_for_model(
-        args.model_dir, args.method, args.factor, args.original_max_position_embeddings
-    )
+    spec = spec_from_args(args)
     version = versions.target(args.vllm_version)
     kwargs = model_kwargs(args.model_dir, spec, args.max_model_len, version)
     if args.json:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from yarnlib.spec import RopeScaling
-from yarnlib.vllm.args_cli import add_spec_arguments, model_kwargs, spec_for_model
+from yarnlib.vllm.args_cli import add_spec_arguments, model_kwargs, spec_from_args
 
 
 def prompt_ids(model_dir: str | Path, length: int, seed: int, text_file: str | None) -> list[int]:
@@ -159,9 +159,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = spec_for_model(
-        args.model_dir, args.method, args.factor, args.original_max_position_embeddings
-    )
+    spec = spec_from_args(args)
     kwargs = model_kwargs(args.model_dir, spec, args.max_model_len)
     if args.config_as_is:  # what verl's and EasyR1's rollouts do: config.json, no overrides
         kwargs = {"max_model_len": kwargs["max_model_len"]}
