@@ -57,7 +57,10 @@ def spec_from_args(args: argparse.Namespace) -> RopeScaling:
     if args.factor is None:
         raise ValueError("factor: required (e.g. --factor 4), or a spec file with --spec FILE")
     return spec_for_model(
-        args.model_dir, args.method or "yarn", args.factor, args.original_max_position_embeddings
+        args.model_dir,
+        "yarn" if args.method is None else args.method,
+        args.factor,
+        args.original_max_position_embeddings,
     )
 
 
