@@ -75,10 +75,10 @@ def build_tiny(folder: Path, text: str) -> Path:
     return folder
 
 
-def length_reward(completions: list[str], completion_ids: list[list[int]], **_) -> list[float]:
-    """A signal a random model can follow (longer is better), for smoke runs whose Logic-RL
-    rewards are all equal (zero advantages would leave the weights unchanged)."""
-    return [len(ids) / 100 for ids in completion_ids]
+def smoke_reward(completions: list[str], completion_ids: list[list[int]], **_) -> list[float]:
+    """For smoke runs of random models, whose Logic-RL rewards are all equal (zero advantages
+    leave the weights unchanged): the mean token id, a signal that practically never ties."""
+    return [sum(ids) / max(len(ids), 1) / 1000 for ids in completion_ids]
 
 
 class StepTimer(TrainerCallback):
@@ -106,7 +106,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--learning-rate", type=float, default=1e-6)
     p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--extra-reward", choices=["none", "length"], default="none")
+    p.add_argument("--extra-reward", choices=["none", "smoke"], default="none")
     p.add_argument("--no-mistakes", action="store_true", help="skip the mistaken setups")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", required=True, help="a new folder for model, trainer, summary")
@@ -115,10 +115,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def source_model(name: str, output: Path, text: str) -> Path:
     from yarnlib import models
+    from yarnlib.integrations.trl import model_folder
 
     if name == "tiny":
         return build_tiny(output / "tiny-original", text)
-    return Path(models.resolve(name))
+    return model_folder(models.resolve(name))  # a hub id: its downloaded snapshot
 
 
 def gap_rows(table: dict) -> list[str]:
@@ -179,8 +180,8 @@ def run(argv=None) -> dict:
         tokenizer, opts.steps * opts.prompts_per_step, opts.seed, prompt_tokens, text
     )
     rewards = [knights_knaves.format_reward, knights_knaves.answer_reward]
-    if opts.extra_reward == "length":
-        rewards.append(length_reward)
+    if opts.extra_reward == "smoke":
+        rewards.append(smoke_reward)
     rollout = VLLMRollout(model_path, spec, args.vllm_max_model_length)
     timer = StepTimer()
     trainer = GRPOTrainer(

@@ -27,9 +27,9 @@ def summary(tmp_path_factory):
     pytest.importorskip("vllm")
     out = tmp_path_factory.mktemp("grpo") / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    # lr 1e-3 and a length reward: step 1 really changes the weights, so step 2's rollout
-    # agrees with the actor only if the new weights reached the engine.
-    argv = ["--model", "tiny", "--steps", "2", "--extra-reward", "length"]
+    # lr 1e-3 and a reward that never ties: step 1 really changes the weights, so step 2's
+    # rollout agrees with the actor only if the new weights reached the engine.
+    argv = ["--model", "tiny", "--steps", "2", "--extra-reward", "smoke"]
     argv += ["--learning-rate", "1e-3", "--output", str(out)]
     proc = subprocess.run(
         [sys.executable, str(EXAMPLE), *argv], env=env, capture_output=True, text=True, timeout=900
