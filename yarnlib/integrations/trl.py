@@ -30,7 +30,9 @@ def _config(args: Any):
         return copy.deepcopy(args)  # not dataclasses.replace: __post_init__ must not run twice
     if isinstance(args, Mapping):
         return GRPOConfig(**args)
-    raise ValueError(f"args must be a trl.GRPOConfig or a dict of its fields, got {type(args)}")
+    raise ValueError(
+        f"args must be a trl.GRPOConfig or a dict of its fields, got {type(args).__name__}"
+    )
 
 
 def _positive(field: str, value: Any) -> int:
