@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,8 @@ def main() -> None:
     argv += ["--max-completion-length", str(opts.max_completion_length)]
     argv += ["--num-generations", str(opts.num_generations), "--gradient-checkpointing"]
     summary = example.run([*argv, "--output", opts.output])
-    summary["command"] = "benchmarks/grpo_smollm2.py " + " ".join(argv)
+    summary["command"] = " ".join(["python benchmarks/grpo_smollm2.py", *sys.argv[1:]])
+    summary["example_arguments"] = argv
     path = Path(opts.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
