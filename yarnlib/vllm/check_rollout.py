@@ -54,17 +54,28 @@ def transformers_logprobs(
         original_max_position_embeddings=spec.original_max_position_embeddings,
         **spec.knobs(),
     )
-    tokens = torch.tensor([ids])
     # vLLM runs a dynamic method at the scale of one length; declare that length here too.
     with yarnlib.declare_length(model, scale_len):
-        hidden = model.model(input_ids=tokens).last_hidden_state[0, :-1]
+        return sequence_logprobs(model, ids, chunk=chunk)
+
+
+@torch.no_grad()
+def sequence_logprobs(
+    model, ids: list[int], temperature: torch.Tensor | float = 1.0, chunk: int = 1024
+) -> torch.Tensor:
+    """log softmax(logits / temperature) of token i given tokens < i, for i ≥ 1, float32, a
+    chunk of positions at a time (``temperature`` may be one value per predicted token)."""
+    tokens = torch.tensor([ids], device=model.device)
+    hidden = model.model(input_ids=tokens).last_hidden_state[0, :-1]
     targets = tokens[0, 1:]
+    temperature = torch.as_tensor(temperature, dtype=torch.float32, device=hidden.device)
+    temperature = temperature.expand(len(targets))
     out = []
     for start in range(0, len(targets), chunk):
-        logits = model.lm_head(hidden[start : start + chunk]).float()
-        picked = logits.log_softmax(-1).gather(-1, targets[start : start + chunk, None])
-        out.append(picked[:, 0])
-    return torch.cat(out)
+        stop = start + chunk
+        logits = model.lm_head(hidden[start:stop]).float() / temperature[start:stop, None]
+        out.append(logits.log_softmax(-1).gather(-1, targets[start:stop, None])[:, 0])
+    return torch.cat(out).cpu()
 
 
 def vllm_logprobs(
