@@ -18,6 +18,7 @@ from transformers.models.llama.modeling_llama import (  # noqa: E402
 )
 
 from yarnlib import RopeScaling  # noqa: E402
+from yarnlib.hf_compat import hf_format
 from yarnlib.kernels import apply_rotary, apply_scaled_rotary, rotary_cos_sin  # noqa: E402
 
 SPEC = RopeScaling(
@@ -47,7 +48,7 @@ def setup():
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
     config = LlamaConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, head_dim=HEAD_DIM,
-                         num_key_value_heads=KV_HEADS, **SPEC.to_hf("v5"))  # fmt: skip
+                         num_key_value_heads=KV_HEADS, **SPEC.to_hf(hf_format()))  # fmt: skip
     rope = LlamaRotaryEmbedding(config)
     assert torch.equal(rope.inv_freq, SPEC.inv_freq())
     return q, k, position_ids, reference, rope

@@ -1,0 +1,51 @@
+"""The installed transformers: tested range, the warning outside it, the patch-time check."""
+
+import warnings
+
+import pytest
+import transformers
+from packaging.version import Version
+from tiny_models import native_rope_keys, tiny_model
+
+import yarnlib
+from yarnlib import hf_compat
+from yarnlib.patches.patch import check_config_runs
+
+
+@pytest.mark.parametrize(
+    "version,tested",
+    [("4.56.2", False), ("4.57.0", True), ("4.57.6", True), ("5.5.3", False), ("5.9.0", True),
+     ("5.19.0", True), ("5.20.0", False), ("5.20.0.dev0", False)],
+)  # fmt: skip
+def test_tested_versions(version, tested):
+    assert hf_compat.is_tested(Version(version)) is tested
+
+
+def test_installed_transformers_is_tested_and_patch_is_silent():
+    assert hf_compat.is_tested(hf_compat.transformers_version())
+    hf_compat.warn_if_untested.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yarnlib.patch(tiny_model(), "yarn", 4.0)
+
+
+def test_patch_warns_once_on_an_untested_transformers(monkeypatch):
+    monkeypatch.setattr(transformers, "__version__", "5.25.0")
+    hf_compat.warn_if_untested.cache_clear()
+    with pytest.warns(UserWarning, match=r"transformers 5\.25\.0 is outside .* 4\.57\.x"):
+        yarnlib.patch(tiny_model(), "yarn", 4.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yarnlib.patch(tiny_model(), "yarn", 2.0)
+    hf_compat.warn_if_untested.cache_clear()
+
+
+@pytest.mark.parametrize("method", ["linear", "dynamic_ntk", "yarn", "dynamic_yarn"])
+def test_config_check_asks_transformers_own_rope_functions(method):
+    spec = yarnlib.RopeScaling(method, 4.0, 256, 50000.0, 16)
+    config = tiny_model(**native_rope_keys(spec)).config
+    check_config_runs(config, spec)
+    with pytest.raises(ValueError, match=r"config: transformers .* reads the rope settings"):
+        check_config_runs(config, spec.replace(factor=2.0))
+    with pytest.raises(ValueError, match=r"config: transformers .* reads the rope settings"):
+        check_config_runs(config, spec.replace(rope_theta=10000.0))  # theta dropped
