@@ -116,20 +116,20 @@ def check_config_runs(config, spec: RopeScaling) -> None:
     init = ROPE_INIT_FUNCTIONS.get(rope_type)
     if init is None:  # 5.x keeps "default" on the rotary class: theta alone
         return
-    # the dynamic methods equal 'none' up to the original length: check beyond it too
-    lengths = [None]
-    if spec.is_dynamic:
-        lengths.append(2 * spec.original_max_position_embeddings)
-    for length in lengths:
-        inv_freq, attention_factor = init(config, torch.device("cpu"), seq_len=length)
+    problem = (
+        f"config: transformers {transformers.__version__} reads the rope settings yarnlib "
+        f"writes ({rope_type!r}) as other frequencies than {spec.describe()}; a saved model "
+        f"would run differently. yarnlib is tested on transformers {TESTED_TEXT}"
+    )
+    # the dynamic methods equal 'none' up to the original length: check the full factor too
+    for length in [None, spec.max_position_embeddings] if spec.is_dynamic else [None]:
+        try:
+            inv_freq, attention_factor = init(config, torch.device("cpu"), seq_len=length)
+        except (KeyError, TypeError) as error:  # keys this version does not read
+            raise ValueError(f"{problem} ({type(error).__name__}: {error})") from error
         expected, expected_factor = spec.frequencies(length)
         if not torch.equal(inv_freq.float(), expected) or attention_factor != expected_factor:
-            raise ValueError(
-                f"config: transformers {transformers.__version__} reads the rope settings "
-                f"yarnlib writes ({rope_type!r}) as other frequencies than {spec.describe()}; a "
-                f"saved model would run differently. yarnlib is tested on transformers "
-                f"{TESTED_TEXT}"
-            )
+            raise ValueError(problem)
 
 
 def patch(
