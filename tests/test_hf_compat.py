@@ -3,7 +3,6 @@
 import warnings
 
 import pytest
-import transformers
 from packaging.version import Version
 from tiny_models import native_rope_keys, tiny_model
 
@@ -30,8 +29,8 @@ def test_installed_transformers_is_tested_and_patch_is_silent():
 
 
 def test_patch_warns_once_on_an_untested_transformers(monkeypatch):
-    untested = f"{hf_compat.transformers_version().major}.99.0"  # same config keys
-    monkeypatch.setattr(transformers, "__version__", untested)
+    untested = Version(f"{hf_compat.transformers_version().major}.99.0")  # same config keys
+    monkeypatch.setattr(hf_compat, "transformers_version", lambda: untested)
     hf_compat.warn_if_untested.cache_clear()
     with pytest.warns(UserWarning, match=rf"transformers {untested} is outside .*4\.57\.x"):
         yarnlib.patch(tiny_model(), "yarn", 4.0)
