@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import transformers
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from yarnlib import convert
-from yarnlib.hf_compat import TESTED_TEXT, hf_format, warn_if_untested
+from yarnlib.hf_compat import TESTED_TEXT, hf_format, transformers_version, warn_if_untested
 from yarnlib.patches import rotation
 from yarnlib.patches.rotary import YarnlibRotaryEmbedding
 from yarnlib.spec import RopeScaling
@@ -117,7 +116,7 @@ def check_config_runs(config, spec: RopeScaling) -> None:
     if init is None:  # 5.x keeps "default" on the rotary class: theta alone
         return
     problem = (
-        f"config: transformers {transformers.__version__} reads the rope settings yarnlib "
+        f"config: transformers {transformers_version()} reads the rope settings yarnlib "
         f"writes ({rope_type!r}) as other frequencies than {spec.describe()}; a saved model "
         f"would run differently. yarnlib is tested on transformers {TESTED_TEXT}"
     )
