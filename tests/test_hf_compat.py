@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 from packaging.version import Version
-from tiny_models import native_rope_keys, tiny_model
+from tiny_models import native_rope_keys, tiny_config, tiny_model
 
 import yarnlib
 from yarnlib import hf_compat
@@ -51,3 +51,12 @@ def test_config_check_asks_transformers_own_rope_functions(method):
     for other in wrong:
         with pytest.raises(ValueError, match=r"config: transformers .* reads the rope settings"):
             check_config_runs(config, other)
+
+
+def test_transformers_validates_yarnlib_dynamic_yarn_through_the_spec():
+    keys = native_rope_keys(yarnlib.RopeScaling("dynamic_yarn", 4.0, 256, 50000.0, 16))
+    rope = keys.get("rope_parameters") or keys["rope_scaling"]
+    rope["factor"] = 0.5  # registered validation: the spec's error, not a log line
+    # 5.x wraps it in huggingface_hub's StrictDataclassClassValidationError
+    with pytest.raises(Exception, match=r"factor must be >= 1 .* got 0\.5"):
+        tiny_config(**keys)
