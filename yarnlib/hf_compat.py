@@ -15,8 +15,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 # Every range here has a test lane; pyproject's transformers range spans them.
-TESTED_TRANSFORMERS = SpecifierSet(">=4.57,<4.58"), SpecifierSet(">=5.9,<5.20")
-TESTED_TEXT = "4.57.x and 5.9 to 5.19"
+TESTED_TRANSFORMERS = SpecifierSet(">=4.57,<4.58"), SpecifierSet(">=5.5.3,<5.20")
+TESTED_TEXT = "4.57.x and 5.5.3 to 5.19"
 
 
 def transformers_version() -> Version:
