@@ -29,8 +29,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 # Two pytest workers on two cores: one thread each, or torch oversubscribes the cores.
+# The transformers 4.57 lane follows (about 3 minutes from nothing: docs/compatibility.md).
 test: lint
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --dist loadfile
+	$(MAKE) test-compat
 
 # A second lane on another transformers (docs/compatibility.md): `make test-compat` runs the
 # suite on 4.57.x, `make test-compat TF=5.9` on 5.9 (and TF=5.5.3); each its own venv from
