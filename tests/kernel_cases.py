@@ -17,6 +17,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from yarnlib import RopeScaling
+from yarnlib.hf_compat import hf_format
 from yarnlib.kernels import apply_rotary, apply_scaled_rotary, rotary_cos_sin
 
 FP32_TOL = 1e-6
@@ -222,7 +223,7 @@ def long_context_case(device="cpu"):
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
     config = LlamaConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, head_dim=HEAD_DIM,
-                         num_key_value_heads=KV_HEADS, **LONG_SPEC.to_hf("v5"))  # fmt: skip
+                         num_key_value_heads=KV_HEADS, **LONG_SPEC.to_hf(hf_format()))  # fmt: skip
     rope = LlamaRotaryEmbedding(config).to(device)
     assert torch.equal(rope.inv_freq.cpu(), LONG_SPEC.inv_freq())
     return q, k, position_ids, reference, rope

@@ -9,6 +9,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from yarnlib import RopeScaling
 from yarnlib.convert import MARKER, to_hf
+from yarnlib.hf_compat import hf_format
 
 SPECS = [
     RopeScaling("none", 1, 4096, 5e5, 64),
@@ -37,7 +38,7 @@ def test_round_trip_through_dict_and_json(spec, fmt):
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
-@pytest.mark.parametrize("fmt", ["v4", "v5"])
+@pytest.mark.parametrize("fmt", ["v4", "v5"] if hf_format() == "v5" else ["v4"])  # 4.x: no v5
 def test_transformers_config_runs_the_spec(spec, fmt, tmp_path):
     """A transformers config made from to_hf(...) — also after save/load — gives our numbers."""
     config = LlamaConfig(hidden_size=256, num_attention_heads=4, **to_hf(spec, fmt))
@@ -53,6 +54,15 @@ def test_transformers_config_runs_the_spec(spec, fmt, tmp_path):
         rotary(x, torch.arange(3 * 4096)[None])
         torch.testing.assert_close(rotary.inv_freq, spec.inv_freq(3 * 4096), rtol=1e-6, atol=0)
         assert rotary.attention_scaling == pytest.approx(spec.attention_factor(3 * 4096))
+
+
+@pytest.mark.skipif(hf_format() == "v5", reason="transformers 5.x reads rope_parameters")
+def test_from_hf_on_4x_says_what_runs_when_only_v5_keys_are_set():
+    spec = RopeScaling("yarn", 4, 4096, 5e5, 64)
+    config = LlamaConfig(hidden_size=256, num_attention_heads=4, **to_hf(spec, "v5"))
+    rotary = LlamaRotaryEmbedding(config)  # 4.x ignores rope_parameters: default rope, theta 1e4
+    assert RopeScaling.from_hf(config).method == "none"
+    assert torch.equal(rotary.inv_freq, RopeScaling.from_hf(config).inv_freq())
 
 
 def test_max_position_embeddings_written():

@@ -17,6 +17,7 @@ from transformers.models.llama.modeling_llama import (  # noqa: E402
 )
 
 from yarnlib import RopeScaling  # noqa: E402
+from yarnlib.hf_compat import hf_format
 from yarnlib.kernels import apply_rotary, apply_scaled_rotary, rotary_cos_sin  # noqa: E402
 from yarnlib.kernels import rotary as rotary_module  # noqa: E402
 
@@ -26,7 +27,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "kernels.md"
 
 def llama_rope(spec: RopeScaling, heads=4):
     config = LlamaConfig(hidden_size=heads * spec.rotary_dim, num_attention_heads=heads,
-                         head_dim=spec.rotary_dim, **spec.to_hf("v5"))  # fmt: skip
+                         head_dim=spec.rotary_dim, **spec.to_hf(hf_format()))  # fmt: skip
     return LlamaRotaryEmbedding(config)
 
 

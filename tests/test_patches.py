@@ -7,12 +7,12 @@ import textwrap
 
 import pytest
 import torch
-from tiny_models import ARCHS, tiny_config, tiny_model
+from tiny_models import ARCHS, ROPE_KEYS, config_rope, native_rope_keys, tiny_config, tiny_model
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from transformers.models.llama import modeling_llama
 
 import yarnlib
-from yarnlib.convert import MARKER, to_hf
+from yarnlib.convert import MARKER
 from yarnlib.patches import choose_attn_implementation, patch_state
 
 ORIGINAL = 256  # tiny_config's max_position_embeddings
@@ -29,13 +29,7 @@ def logits(model, ids=IDS, **kwargs):
 
 def native_twin(arch, spec, **overrides):
     """The same weights, configured natively in transformers from the spec's own dict."""
-    keys = to_hf(spec, "v5")
-    return tiny_model(
-        arch,
-        rope_parameters=keys["rope_parameters"],
-        max_position_embeddings=keys["max_position_embeddings"],
-        **overrides,
-    )
+    return tiny_model(arch, **native_rope_keys(spec), **overrides)
 
 
 THETA = 50000.0  # tiny_config's rope_theta
@@ -98,7 +92,7 @@ def test_every_method_changes_logits_beyond_original_only_where_it_should():
 
 def test_config_says_what_runs():
     model = yarnlib.patch(tiny_model("qwen2"), "yarn", 4.0)
-    params = model.config.rope_parameters
+    params = config_rope(model.config)
     assert params["rope_type"] == "yarn" and params["rope_theta"] == 50000.0
     assert params["original_max_position_embeddings"] == ORIGINAL
     assert model.config.max_position_embeddings == 4 * ORIGINAL
@@ -178,11 +172,7 @@ def test_patch_an_already_scaled_config_rescales_from_its_original():
     # ntk written by yarnlib stores the raised theta natively; the marker keeps the base
     ntk = yarnlib.patch(tiny_model(), "ntk", 4.0)
     reloaded = tiny_model(
-        **{
-            k: v
-            for k, v in ntk.config.to_dict().items()
-            if k in ("rope_parameters", "max_position_embeddings", MARKER)
-        }
+        **{k: v for k, v in ntk.config.to_dict().items() if k in (*ROPE_KEYS, MARKER)}
     )
     yarnlib.patch(reloaded, "ntk", 2.0)
     assert patch_state(reloaded).spec.rope_theta == 50000.0
@@ -260,15 +250,8 @@ def test_partial_rotary(method, monkeypatch):
     spec = patch_state(model).spec
     if method == "none":
         spec = spec.replace(method="linear", factor=1.0)
-    keys = to_hf(spec, "v5")
-    keys["rope_parameters"]["partial_rotary_factor"] = 0.5
     yarnlib.unpatch(model)
-    native = tiny_model(
-        "llama",
-        rope_parameters=keys["rope_parameters"],
-        max_position_embeddings=keys["max_position_embeddings"],
-        **overrides,
-    )
+    native = tiny_model("llama", **{**overrides, **native_rope_keys(spec, 0.5)})
     monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", reference_partial_apply)
     torch.testing.assert_close(ours, logits(native), rtol=1e-5, atol=1e-5)
 

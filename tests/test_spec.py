@@ -5,11 +5,11 @@ import pickle
 
 import pytest
 import torch
+from tiny_models import native_rope_keys
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from yarnlib import METHODS, RopeScaling
-from yarnlib.convert import to_hf
 from yarnlib.eval.methods import Method, parse_methods
 from yarnlib.finetune.loop import rope_spec
 
@@ -21,10 +21,9 @@ ORIGINALS = (2048, 4096, 32768)
 
 
 def hf_config(spec: RopeScaling, head_dim: int, partial: float = 1.0) -> LlamaConfig:
-    """A transformers config built from nothing but ``spec.to_hf`` (and the head geometry)."""
-    params = to_hf(spec, "v5")
-    if partial != 1.0:
-        params["rope_parameters"]["partial_rotary_factor"] = partial
+    """A transformers config built from nothing but ``spec.to_hf`` (and the head geometry), in
+    the keys the installed transformers reads."""
+    params = native_rope_keys(spec, partial if partial != 1.0 else None)
     return LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim, **params)
 
 

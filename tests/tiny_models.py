@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from yarnlib.convert import to_hf
+from yarnlib.hf_compat import hf_format
+
 ARCHS = ("llama", "qwen2", "qwen3")
 
 
@@ -33,3 +36,24 @@ def tiny_model(arch: str = "llama", seed: int = 0, attn_implementation: str = "e
         config, attn_implementation=attn_implementation, dtype=torch.float32
     )
     return model.eval()
+
+
+def native_rope_keys(spec, partial_rotary_factor: float | None = None) -> dict:
+    """Config keyword arguments that run ``spec`` natively, in the keys the installed
+    transformers reads (4.x: rope_theta + rope_scaling; 5.x: rope_parameters)."""
+    keys = to_hf(spec, hf_format())
+    keys = {k: v for k, v in keys.items() if k in ROPE_KEYS}
+    if partial_rotary_factor is not None:
+        target = keys["rope_parameters"] if "rope_parameters" in keys else keys
+        target["partial_rotary_factor"] = partial_rotary_factor
+    return keys
+
+
+ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling", "max_position_embeddings")
+
+
+def config_rope(config) -> dict:
+    """The rope settings (rope_type, rope_theta, ...) as the installed transformers reads them."""
+    if hf_format() == "v5":
+        return dict(config.rope_parameters)
+    return {"rope_type": "default", **(config.rope_scaling or {}), "rope_theta": config.rope_theta}

@@ -36,6 +36,7 @@ from yarnlib.convert import (
     rotary_dim_of,
     to_hf,
 )
+from yarnlib.hf_compat import hf_format, transformers_version
 from yarnlib.json_text import JsonText, undo
 from yarnlib.spec import RopeScaling, canonical_method
 
@@ -460,6 +461,12 @@ def show(model_dir: str | Path) -> dict[str, Any]:
     blocks = _disagreeing_blocks(config)
     if blocks:
         problems.append(blocks)
+    if file_format(config) == "v5" and hf_format() == "v4":
+        problems.append(
+            f"the installed transformers {transformers_version()} ignores rope_parameters: it "
+            f"runs default RoPE with rope_theta {config.get('rope_theta') or DEFAULT_ROPE_THETA:g}"
+            "; rewrite the file with --format v4"
+        )
     native = extended = None
     if spec is not None:
         native = spec.original_max_position_embeddings

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from yarnlib.frequencies import ntk_theta
+from yarnlib.hf_compat import hf_format
 from yarnlib.spec import (
     CHECKPOINT_METHODS,
     FIELDS,
@@ -156,7 +157,10 @@ def config_dict(config: Any) -> dict[str, Any]:
     if isinstance(config, Mapping):
         return dict(config)
     if hasattr(config, "to_dict"):
-        return config.to_dict()
+        cfg = config.to_dict()
+        if hf_format() == "v4":  # a config object says what runs: 4.x ignores rope_parameters
+            cfg.pop("rope_parameters", None)
+        return cfg
     raise ValueError(
         f"config must be a transformers config or a config.json dict, got {type(config).__name__}"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from yarnlib import convert
+from yarnlib.hf_compat import hf_format
 from yarnlib.spec import RopeScaling
 
 
@@ -18,13 +19,20 @@ def _validate_dynamic_yarn(self, rope_parameters: dict, ignore_keys=None) -> Non
     RopeScaling.from_hf({**self.to_dict(), "rope_parameters": rope_parameters})
 
 
+def _validate_dynamic_yarn_v4(config, ignore_keys=None) -> None:
+    RopeScaling.from_hf(config)
+
+
 def register_hf() -> None:
     """Register ``yarnlib_dynamic_yarn`` with transformers (idempotent; done on import)."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
+    from transformers import modeling_rope_utils as rope_utils
 
-    ROPE_INIT_FUNCTIONS[convert.HF_DYNAMIC_YARN] = _dynamic_yarn_parameters
+    rope_utils.ROPE_INIT_FUNCTIONS[convert.HF_DYNAMIC_YARN] = _dynamic_yarn_parameters
+    if hf_format() == "v4":  # 4.x validates configs through a dict of functions
+        rope_utils.ROPE_VALIDATION_FUNCTIONS[convert.HF_DYNAMIC_YARN] = _validate_dynamic_yarn_v4
+        return
     setattr(
-        RotaryEmbeddingConfigMixin,
+        rope_utils.RotaryEmbeddingConfigMixin,
         f"_validate_{convert.HF_DYNAMIC_YARN}_rope_parameters",
         _validate_dynamic_yarn,
     )

@@ -8,9 +8,12 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from yarnlib import convert
+from yarnlib.hf_compat import TESTED_TEXT, hf_format, transformers_version, warn_if_untested
 from yarnlib.patches import rotation
 from yarnlib.patches.rotary import YarnlibRotaryEmbedding
 from yarnlib.spec import RopeScaling
@@ -80,21 +83,52 @@ def _restore(config, snapshot: dict[str, Any]) -> None:
 
 
 def _write_config(config, spec: RopeScaling) -> None:
-    """Make ``config`` say what the patched model runs (v5 keys, rope_theta always inside)."""
-    keys = convert.to_hf(spec, format="v5")
-    params = keys["rope_parameters"]
-    old = getattr(config, "rope_parameters", None) or {}
-    if "partial_rotary_factor" in old:
-        params["partial_rotary_factor"] = old["partial_rotary_factor"]
-    config.rope_parameters = params
-    if "rope_scaling" in config.__dict__:
-        config.rope_scaling = None  # a stale 4.x key would win over rope_parameters
+    """Make ``config`` say what the patched model runs, in the keys the installed transformers
+    reads (4.x: rope_theta + rope_scaling; 5.x: rope_parameters, rope_theta inside)."""
+    format = hf_format()
+    keys = convert.to_hf(spec, format=format)
+    if format == "v4":
+        config.rope_theta, config.rope_scaling = keys["rope_theta"], keys["rope_scaling"]
+    else:
+        params = keys["rope_parameters"]
+        old = getattr(config, "rope_parameters", None) or {}
+        if "partial_rotary_factor" in old:
+            params["partial_rotary_factor"] = old["partial_rotary_factor"]
+        config.rope_parameters = params
+        if "rope_scaling" in config.__dict__:
+            config.rope_scaling = None  # a stale 4.x key would win over rope_parameters
     if "max_position_embeddings" in keys:
         config.max_position_embeddings = keys["max_position_embeddings"]
     if convert.MARKER in keys:
         setattr(config, convert.MARKER, keys[convert.MARKER])
     elif convert.MARKER in config.__dict__:
         delattr(config, convert.MARKER)
+
+
+def check_config_runs(config, spec: RopeScaling) -> None:
+    """Raise unless the installed transformers computes ``spec``'s frequencies from ``config``.
+
+    A saved config must load to what the patched model runs; this asks the version's own
+    ``ROPE_INIT_FUNCTIONS`` instead of trusting which keys it reads.
+    """
+    rope_type = convert.rope_parameters_of(convert.config_dict(config))["rope_type"]
+    init = ROPE_INIT_FUNCTIONS.get(rope_type)
+    if init is None:  # 5.x keeps "default" on the rotary class: theta alone
+        return
+    problem = (
+        f"config: transformers {transformers_version()} reads the rope settings yarnlib "
+        f"writes ({rope_type!r}) as other frequencies than {spec.describe()}; a saved model "
+        f"would run differently. yarnlib is tested on transformers {TESTED_TEXT}"
+    )
+    # the dynamic methods equal 'none' up to the original length: check the full factor too
+    for length in [None, spec.max_position_embeddings] if spec.is_dynamic else [None]:
+        try:
+            inv_freq, attention_factor = init(config, torch.device("cpu"), seq_len=length)
+        except (KeyError, TypeError) as error:  # keys this version does not read
+            raise ValueError(f"{problem} ({type(error).__name__}: {error})") from error
+        expected, expected_factor = spec.frequencies(length)
+        if not torch.equal(inv_freq.float(), expected) or attention_factor != expected_factor:
+            raise ValueError(problem)
 
 
 def patch(
@@ -122,6 +156,10 @@ def patch(
     routed = rotation.needs_dispatcher(use_kernel, spec.rotary_dim, head_dim)
     if state and state.spec == spec and state.use_kernel == use_kernel:
         return model
+    warn_if_untested()
+    written = copy.deepcopy(model.config)
+    _write_config(written, spec)
+    check_config_runs(written, spec)  # before anything changes: a failed patch changes nothing
     if state is None:
         state = PatchState(owner.rotary_emb, _snapshot(model.config), current, spec)
         model._yarnlib_patch = state
