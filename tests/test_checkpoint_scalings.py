@@ -10,6 +10,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import yarnlib
 from yarnlib import RopeScaling, cli, config_files
+from yarnlib.hf_compat import hf_format
 from yarnlib.vllm.args_cli import model_kwargs, spec_for_model
 
 ORIGINAL, CONTEXT, HEAD_DIM = 64, 1024, 32  # scaled-down checkpoints: context 16 × original
@@ -34,15 +35,22 @@ FACTOR = {"llama3": 8.0, "longrope": CONTEXT / ORIGINAL}
 
 
 def checkpoint_config(rope_type, partial=1.0, **rope):
-    from tiny_models import tiny_config
+    from tiny_models import hand_written_rope, tiny_config
 
     params = {**ROPES[rope_type], **rope}
     if partial != 1.0 and rope_type == "longrope":
         params["short_factor"] = params["short_factor"][: int(HEAD_DIM * partial) // 2]
         params["long_factor"] = params["long_factor"][: int(HEAD_DIM * partial) // 2]
     kw = {"partial_rotary_factor": partial} if partial != 1.0 else {}
+    if rope_type == "longrope" and hf_format() == "v4":
+        # transformers 4 reads it at the top level, where Phi-3's config.json has it
+        kw["original_max_position_embeddings"] = ORIGINAL
     return tiny_config(
-        "llama", head_dim=HEAD_DIM, max_position_embeddings=CONTEXT, rope_parameters=params, **kw
+        "llama",
+        head_dim=HEAD_DIM,
+        max_position_embeddings=CONTEXT,
+        **hand_written_rope(params),
+        **kw,
     )
 
 
@@ -62,11 +70,11 @@ def test_from_hf_is_transformers(rope_type, rope, partial):
     spec = RopeScaling.from_hf(config)
     assert spec.method == rope_type and spec.rotary_dim == int(HEAD_DIM * partial)
     for seq_len in (None, ORIGINAL, ORIGINAL + 1, CONTEXT):  # longrope switches past L
-        inv_freq, attention = ROPE_INIT_FUNCTIONS[rope_type](config, seq_len=seq_len)
+        inv_freq, attention = ROPE_INIT_FUNCTIONS[rope_type](config, None, seq_len=seq_len)
         got = spec.frequencies(seq_len)
         assert torch.equal(got.inv_freq, inv_freq) and got.attention_factor == attention
     # and back: the dict yarnlib writes is the one it read (partial rotary: issue 13.2)
-    written = {**config.to_dict(), **spec.to_hf("v5")}
+    written = {**config.to_dict(), **spec.to_hf(hf_format())}
     assert RopeScaling.from_hf(written, rotary_dim=spec.rotary_dim) == spec
 
 
@@ -110,8 +118,8 @@ def test_config_with_its_own_method_keeps_what_transformers_runs(model_dir):
     native, written = AutoConfig.from_pretrained(model_dir), AutoConfig.from_pretrained(out)
     for seq_len in (None, CONTEXT):
         assert torch.equal(
-            ROPE_INIT_FUNCTIONS[rope_type](written, seq_len=seq_len)[0],
-            ROPE_INIT_FUNCTIONS[rope_type](native, seq_len=seq_len)[0],
+            ROPE_INIT_FUNCTIONS[rope_type](written, None, seq_len=seq_len)[0],
+            ROPE_INIT_FUNCTIONS[rope_type](native, None, seq_len=seq_len)[0],
         )
     assert written.max_position_embeddings == CONTEXT
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from lm_eval.tasks import TaskManager
 from test_eval_support import corpus_text, tiny_folder
+from tiny_models import hand_written_rope
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from yarnlib.cli import main
@@ -83,7 +84,7 @@ def test_loglikelihood_is_the_yarn_model_of_the_folder(model_dir):
     tok = AutoTokenizer.from_pretrained(model_dir)
     yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 256}
     native = AutoModelForCausalLM.from_pretrained(
-        model_dir, rope_parameters={**yarn, "rope_theta": 50000.0}, max_position_embeddings=512
+        model_dir, **hand_written_rope({**yarn, "rope_theta": 50000.0}), max_position_embeddings=512
     )
     plain = AutoModelForCausalLM.from_pretrained(model_dir, max_position_embeddings=512)
     context_ids = tok(context)["input_ids"]

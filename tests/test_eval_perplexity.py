@@ -3,7 +3,7 @@ from itertools import pairwise
 
 import pytest
 import torch
-from tiny_models import tiny_model
+from tiny_models import hand_written_rope, tiny_model
 
 from yarnlib.eval.methods import Method, apply_method, parse_methods
 from yarnlib.eval.perplexity import run_perplexity, token_nlls, windows
@@ -64,7 +64,7 @@ def native_twin(m: Method, length: int):
     }[m.method]
     return tiny_model(
         initializer_range=SHARP,
-        rope_parameters={**params, "rope_theta": THETA},
+        **hand_written_rope({**params, "rope_theta": THETA}),
         max_position_embeddings=int(max_positions),
     )
 

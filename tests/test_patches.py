@@ -7,7 +7,15 @@ import textwrap
 
 import pytest
 import torch
-from tiny_models import ARCHS, ROPE_KEYS, config_rope, native_rope_keys, tiny_config, tiny_model
+from tiny_models import (
+    ARCHS,
+    ROPE_KEYS,
+    config_rope,
+    hand_written_rope,
+    native_rope_keys,
+    tiny_config,
+    tiny_model,
+)
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from transformers.models.llama import modeling_llama
 
@@ -50,7 +58,7 @@ def hand_written_twin(arch, method, knobs, **overrides):
     params, max_positions = HAND_WRITTEN[method]
     return tiny_model(
         arch,
-        rope_parameters={"rope_theta": THETA, **params, **knobs},
+        **hand_written_rope({"rope_theta": THETA, **params, **knobs}),
         max_position_embeddings=max_positions,
         **overrides,
     )

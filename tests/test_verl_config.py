@@ -9,21 +9,25 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
-import yaml
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
-from test_eval_support import tiny_folder
-from tiny_models import tiny_config
-from transformers import AutoModelForCausalLM
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from verl.trainer.ppo.utils import need_critic, need_reference_policy
-from verl.utils.config import omega_conf_to_dataclass, validate_config
-from verl.utils.device import auto_set_device
-from verl.workers.config import HFModelConfig
 
-from yarnlib import RopeScaling
-from yarnlib.integrations import verl
+# verl (transformers>=5.5.3) is installed in the main lane only, not in the 4.57 one
+pytest.importorskip("verl")
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from test_eval_support import tiny_folder  # noqa: E402
+from tiny_models import tiny_config  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+from verl.trainer.ppo.utils import need_critic, need_reference_policy  # noqa: E402
+from verl.utils.config import omega_conf_to_dataclass, validate_config  # noqa: E402
+from verl.utils.device import auto_set_device  # noqa: E402
+from verl.workers.config import HFModelConfig  # noqa: E402
+
+from yarnlib import RopeScaling  # noqa: E402
+from yarnlib.integrations import verl  # noqa: E402
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Disabled critic"),  # GRPO has none

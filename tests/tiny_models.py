@@ -57,3 +57,14 @@ def config_rope(config) -> dict:
     if hf_format() == "v5":
         return dict(config.rope_parameters)
     return {"rope_type": "default", **(config.rope_scaling or {}), "rope_theta": config.rope_theta}
+
+
+def hand_written_rope(params: dict) -> dict:
+    """Config keyword arguments for hand-written rope settings (``rope_type``, ``rope_theta``,
+    ...), in the keys the installed transformers reads: the test's independent reference must
+    reach the model on 4.x too (which ignores ``rope_parameters``)."""
+    if hf_format() == "v5":
+        return {"rope_parameters": dict(params)}
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    plain = scaling.get("rope_type", "default") == "default" and len(scaling) <= 1
+    return {"rope_theta": params["rope_theta"], "rope_scaling": None if plain else scaling}
