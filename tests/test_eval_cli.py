@@ -177,7 +177,7 @@ def test_a_cell_after_a_cut_short_line_starts_a_new_line(tmp_path):
 
 
 def test_ctrl_c_says_where_the_cells_are_and_how_to_resume(
-    model_dir, data_dir, tmp_path, monkeypatch, capsys
+    model_dir, data_dir, tmp_path, monkeypatch, capsys, ctrl_c
 ):
     add = CellStore.add
 

@@ -180,7 +180,9 @@ def test_rerun_continues_the_search(model_dir, tmp_path, capsys):
     assert set(final["start"]["held_out"]) >= {"objective", "nll_within_original"}
 
 
-def test_ctrl_c_keeps_the_trials_and_the_best_so_far(model_dir, tmp_path, monkeypatch, capsys):
+def test_ctrl_c_keeps_the_trials_and_the_best_so_far(
+    model_dir, tmp_path, monkeypatch, capsys, ctrl_c
+):
     add = CellStore.add
 
     def add_then_interrupt(self, record):  # Ctrl-C right after the first trial is stored
