@@ -74,6 +74,10 @@ def native_rope_parameters(spec: RopeScaling) -> dict[str, Any]:
         params.update(short_factor=list(spec.short_factor), long_factor=list(spec.long_factor))
         if spec.fixed_attention_factor is not None:  # else derived from factor, as it was
             params["attention_factor"] = spec.fixed_attention_factor
+        if spec.is_applied_longrope:  # vLLM reads longrope's attention factor only from these
+            # (transformers warns that it does not know them, and runs attention_factor)
+            attention = spec.fixed_attention_factor
+            params.update(short_mscale=attention, long_mscale=attention)
     return params
 
 
