@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 from test_eval_support import text_dataset, tiny_folder
-from tiny_models import tiny_model
+from tiny_models import native_rope_keys, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import yarnlib
@@ -105,7 +105,7 @@ def reference_nll(plain, ids: torch.Tensor) -> torch.Tensor:
 def reference_nll_beyond_original(model, samples, spec: RopeScaling) -> float:
     """Plain transformers with ``spec`` in its config (no yarnlib code runs the model)."""
     fields = {k: v for k, v in model.config.to_dict().items() if k != "model_type"}
-    config = AutoConfig.for_model("llama", **{**fields, **spec.to_hf("v5")})
+    config = AutoConfig.for_model("llama", **{**fields, **native_rope_keys(spec)})
     plain = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
     plain.load_state_dict(model.state_dict())
     return float(torch.cat([reference_nll(plain, ids)[L - 1 :] for ids in samples]).mean())
