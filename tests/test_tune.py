@@ -1,5 +1,6 @@
-"""``yarnlib tune`` on tiny models: the search beats the YaRN defaults on a task whose best
-setting is known, the spec file reloads in plain transformers, a rerun continues the search."""
+"""``yarnlib tune`` on tiny models: each search beats its start on a task whose best setting is
+known, both exports (yarn, longrope) reload in plain transformers, a rerun continues the search,
+the proxy's ranking report holds the numbers of its trials."""
 
 import copy
 import json
@@ -8,7 +9,7 @@ import signal
 import pytest
 import torch
 from test_eval_support import text_dataset, tiny_folder
-from tiny_models import tiny_model
+from tiny_models import native_rope_keys, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import yarnlib
@@ -16,10 +17,21 @@ from yarnlib.cli import main
 from yarnlib.eval.store import CellStore
 from yarnlib.spec import RopeScaling
 from yarnlib.spec_file import read_spec_file, write_spec_file
-from yarnlib.tune.search import Search, objective, start_point, to_spec
+from yarnlib.tune.search import (
+    Search,
+    objective,
+    per_dim_point,
+    spearman,
+    start_point,
+    to_spec,
+    trial_key,
+)
 
 L, N = 128, 512  # original and target context: 4x
 HIDDEN = dict(beta_fast=4.0, beta_slow=2.0, attention_factor=1.4)  # the teacher's yarn knobs
+# a per-dim teacher no yarn setting runs: yarn x4's high frequencies, then a plateau at 4 and
+# the low frequencies stretched beyond the factor
+HIDDEN_DIVISORS = [1.0, 1.33333, 2.0, 4.0, 4.0, 6.0, 6.0, 8.0]
 
 
 def sharpen(model):
@@ -37,13 +49,12 @@ def sharpened(folder):
     return folder
 
 
-@pytest.fixture(scope="module")
-def teacher_task():
-    """A sharpened tiny model, and text sampled from the same weights run with yarn x4 and
-    non-default knobs: the expected NLL of that text is lowest at the teacher's setting, not at
-    the YaRN defaults."""
+def sampled_task(**teacher):
+    """A sharpened tiny model, and text sampled from the same weights patched with
+    ``teacher``: the expected NLL of that text is lowest at the teacher's setting, not at the
+    YaRN defaults."""
     model = sharpen(tiny_model("llama", attn_implementation="sdpa", max_position_embeddings=L))
-    teacher = yarnlib.patch(copy.deepcopy(model), "yarn", N / L, **HIDDEN)
+    teacher = yarnlib.patch(copy.deepcopy(model), **teacher)
     torch.manual_seed(1)
     text = teacher.generate(
         torch.randint(0, 128, (2, 1)), do_sample=True, top_k=0, max_new_tokens=N - 1,
@@ -53,13 +64,35 @@ def teacher_task():
 
 
 @pytest.fixture(scope="module")
-def searched(teacher_task, tmp_path_factory):
-    model, samples = teacher_task
+def teacher_task():
+    return sampled_task(method="yarn", factor=N / L, **HIDDEN)
+
+
+@pytest.fixture(scope="module")
+def per_dim_task():
+    return sampled_task(
+        method="longrope", factor=N / L, short_factor=HIDDEN_DIVISORS,
+        long_factor=HIDDEN_DIVISORS, attention_factor=1.3,
+    )  # fmt: skip
+
+
+def run_search(task, path, space, budget):
+    model, samples = task
     native = RopeScaling.from_hf(model.config)
-    store = CellStore(tmp_path_factory.mktemp("search"), ("key",), {}, True, "trials.jsonl")
-    search = Search(model, samples, native, L, N, store, budget=20)
-    search.run(seed=0)
+    store = CellStore(path, ("key",), {}, True, "trials.jsonl")
+    search = Search(model, samples, native, L, N, store, budget=budget)
+    search.run(seed=0, space=space)
     return search
+
+
+@pytest.fixture(scope="module")
+def searched(teacher_task, tmp_path_factory):
+    return run_search(teacher_task, tmp_path_factory.mktemp("search"), "yarn", 20)
+
+
+@pytest.fixture(scope="module")
+def searched_per_dim(per_dim_task, tmp_path_factory):
+    return run_search(per_dim_task, tmp_path_factory.mktemp("per-dim"), "per-dim", 30)
 
 
 def reference_nll(plain, ids: torch.Tensor) -> torch.Tensor:
@@ -72,7 +105,7 @@ def reference_nll(plain, ids: torch.Tensor) -> torch.Tensor:
 def reference_nll_beyond_original(model, samples, spec: RopeScaling) -> float:
     """Plain transformers with ``spec`` in its config (no yarnlib code runs the model)."""
     fields = {k: v for k, v in model.config.to_dict().items() if k != "model_type"}
-    config = AutoConfig.for_model("llama", **{**fields, **spec.to_hf("v5")})
+    config = AutoConfig.for_model("llama", **{**fields, **native_rope_keys(spec)})
     plain = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
     plain.load_state_dict(model.state_dict())
     return float(torch.cat([reference_nll(plain, ids)[L - 1 :] for ids in samples]).mean())
@@ -94,8 +127,36 @@ def test_search_beats_the_yarn_defaults(teacher_task, searched):
     assert best["objective"] == pytest.approx(expected, abs=2e-4)
 
 
-def test_best_spec_exports_natively(searched, tmp_path, capsys):
-    best = RopeScaling(**searched.best["spec"])
+def test_per_dim_search_beats_its_start(per_dim_task, searched_per_dim):
+    """From the YaRN defaults' tables the per-dim search gets close to a longrope teacher that
+    no yarn setting expresses; every trial keeps the divisors valid."""
+    model, samples = per_dim_task
+    search = searched_per_dim
+    start = per_dim_point(search.native, L, start_point(N / L), N / L)
+    assert search.start == start
+    start_value = search.trials[trial_key(start)][1]["objective"]
+    best = search.best
+    assert best["space"] == "per-dim"
+    assert best["objective"] < start_value - 0.15  # 1.511 -> 1.315 nats when this was written
+    hidden = RopeScaling("longrope", N / L, L, 50000.0, 16, short_factor=HIDDEN_DIVISORS,
+                         long_factor=HIDDEN_DIVISORS, attention_factor=1.3)  # fmt: skip
+    teacher = objective(model, samples, hidden, L)["objective"]
+    assert best["objective"] < teacher + 0.05  # about as good as the teacher's
+    assert search.computed == len(search.seen) == 30
+    for record in search.store.done.values():
+        divisors = record["divisors"]
+        assert divisors == sorted(divisors) and divisors[0] >= 1 and divisors[-1] >= N / L
+    # the recorded objective is the NLL plain transformers gives with the longrope spec
+    spec = RopeScaling(**best["spec"])
+    assert spec.is_applied_longrope and spec.max_position_embeddings == N
+    expected = reference_nll_beyond_original(model, samples, spec)
+    assert best["objective"] == pytest.approx(expected, abs=2e-4)
+
+
+@pytest.mark.parametrize("space", ["yarn", "per-dim"])
+def test_best_spec_exports_natively(searched, searched_per_dim, space, tmp_path, capsys):
+    best = RopeScaling(**{"yarn": searched, "per-dim": searched_per_dim}[space].best["spec"])
+    searched = {"yarn": searched, "per-dim": searched_per_dim}[space]
     path = write_spec_file(tmp_path / "best.json", best, objective=searched.best["objective"])
     assert read_spec_file(path) == best
     folder = sharpened(tiny_folder(tmp_path / "model", max_position_embeddings=L))
@@ -121,14 +182,27 @@ def test_best_spec_exports_natively(searched, tmp_path, capsys):
     tokens = plain_tokens(folder, tmp_path / "data" / "a.txt")
     assert nll["spec:best"] == pytest.approx(float(reference_nll(plain, tokens).mean()), abs=1e-5)
     assert abs(nll["spec:best"] - nll["yarn:4"]) > 1e-2  # the knobs make a difference
+    # reset gives back the native files; applying again writes the same files (no compounding)
+    written = {f.name: f.read_bytes() for f in (tmp_path / "x").glob("*.json")}
+    assert main(["config", str(tmp_path / "x"), "--reset", "--in-place"]) == 0
+    assert (tmp_path / "x" / "config.json").read_bytes() == (folder / "config.json").read_bytes()
+    assert main(["config", str(tmp_path / "x"), "--spec", str(path), "--in-place"]) == 0
+    assert {f.name: f.read_bytes() for f in (tmp_path / "x").glob("*.json")} == written
     capsys.readouterr()
     assert main(["vllm-args", str(folder), "--spec", str(path), "--json"]) == 0
     kwargs = json.loads(capsys.readouterr().out)
     params = kwargs["hf_overrides"]["rope_parameters"]
-    assert {k: params[k] for k in ("factor", "beta_fast", "beta_slow", "attention_factor")} == {
-        k: getattr(best, k if k != "attention_factor" else "fixed_attention_factor")
-        for k in ("factor", "beta_fast", "beta_slow", "attention_factor")
-    }
+    assert kwargs["max_model_len"] == N
+    if space == "yarn":
+        assert {k: params[k] for k in ("factor", "beta_fast", "beta_slow", "attention_factor")} == {
+            k: getattr(best, k if k != "attention_factor" else "fixed_attention_factor")
+            for k in ("factor", "beta_fast", "beta_slow", "attention_factor")
+        }
+    else:  # vLLM's longrope: the same factors at every length, the attention factor as mscale
+        assert params["rope_type"] == "longrope"
+        assert params["short_factor"] == params["long_factor"] == list(best.short_factor)
+        assert params["short_mscale"] == params["long_mscale"] == best.fixed_attention_factor
+        assert params["original_max_position_embeddings"] == L
     # a spec tuned for another model (another rope_theta) is refused by name
     other = tiny_folder(tmp_path / "other", max_position_embeddings=L, rope_theta=10000.0)
     assert main(["vllm-args", str(other), "--spec", str(path)]) == 2
@@ -143,10 +217,10 @@ def plain_tokens(folder, text_file) -> torch.Tensor:
     return torch.tensor(tokenizer(text_file.read_text())["input_ids"][:N])
 
 
-def tune(model, data, out, budget):
+def tune(model, data, out, budget, *extra):
     return main(
         ["tune", "--model", str(model), "--target-length", str(N), "--dataset", str(data),
-         "--held-out", str(data), "--budget", str(budget), "--output", str(out)]
+         "--held-out", str(data), "--budget", str(budget), "--output", str(out), *extra]
     )  # fmt: skip
 
 
@@ -155,20 +229,22 @@ def model_dir(tmp_path_factory):
     return tiny_folder(tmp_path_factory.mktemp("tiny") / "model", max_position_embeddings=L)
 
 
-def test_rerun_continues_the_search(model_dir, tmp_path, capsys):
+@pytest.mark.parametrize("space", ["yarn", "per-dim"])
+def test_rerun_continues_the_search(model_dir, tmp_path, capsys, space):
     model = model_dir
     data = text_dataset(tmp_path / "data", {"a": 1500, "b": 1500})
     out = tmp_path / "out"
-    assert tune(model, data, out, 2) == 0
+    assert tune(model, data, out, 2, "--space", space) == 0
     first = (out / "trials.jsonl").read_text().splitlines()
     assert "(2 computed now)" in capsys.readouterr().out
-    assert tune(model, data, out, 4) == 0
+    assert tune(model, data, out, 4, "--space", space) == 0
     assert "(2 computed now)" in capsys.readouterr().out  # only the two new trials
     lines = (out / "trials.jsonl").read_text().splitlines()
     assert lines[:2] == first and len(lines) == 4
+    assert {json.loads(line)["key"].split(":")[0] for line in lines} == {space}
     # a kill during an append leaves half a line: the rerun computes that trial again only
     (out / "trials.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])
-    assert tune(model, data, out, 4) == 0
+    assert tune(model, data, out, 4, "--space", space) == 0
     assert "(1 computed now)" in capsys.readouterr().out
     keys = [json.loads(line)["key"] for line in lines]
     again = [json.loads(x)["key"] for x in (out / "trials.jsonl").read_text().splitlines()[-1:]]
@@ -178,6 +254,49 @@ def test_rerun_continues_the_search(model_dir, tmp_path, capsys):
     records = [json.loads(line) for line in lines]
     assert final["best"]["calibration"]["objective"] == min(r["objective"] for r in records)
     assert set(final["start"]["held_out"]) >= {"objective", "nll_within_original"}
+
+
+def test_spearman_against_a_hand_computed_example():
+    # ranks differ by 1,1,1,1,0: rho = 1 - 6 * 4 / (5 * (25 - 1)) = 0.8
+    assert spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
+    # a tie shares rank 2.5: ranks (1, 2.5, 2.5, 4) and (1, 3, 2, 4) give 4.5 / sqrt(4.5 * 5)
+    assert spearman([0.1, 0.5, 0.5, 0.9], [3, 7, 5, 8]) == pytest.approx(4.5 / (22.5**0.5))
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 1], [1, 2]) is None and spearman([1], [2]) is None
+
+
+def test_proxy_report(model_dir, tmp_path, capsys):
+    """Both spaces searched at M = 3N/4, the best candidates confirmed at N: the report holds
+    the trials' objectives at M and N, their rank correlation, and best.json the best at N."""
+    data = text_dataset(tmp_path / "data", {"a": 1500})
+    out, proxy = tmp_path / "out", 3 * N // 4
+    assert tune(model_dir, data, out, 6, "--proxy-length", str(proxy), "--confirm", "2") == 0
+    printed = capsys.readouterr().out
+    assert "Spearman rank correlation" in printed
+    records = {
+        r["key"]: r for r in map(json.loads, (out / "trials.jsonl").read_text().split("\n")[:-1])
+    }
+    report = json.loads((out / "final.json").read_text())["proxy"]
+    rows = report["candidates"]
+    assert report["proxy_length"] == proxy and 3 <= len(rows) <= 5
+    searched = [r for r in records.values() if r["length"] == proxy]
+    assert len(searched) == 6 and {r["space"] for r in searched} == {"yarn", "per-dim"}
+    best_two = sorted(r["objective"] for r in searched)[:2]
+    assert [r["objective_proxy"] for r in rows[:2]] == best_two  # the two best, distinct
+    for row in rows:
+        assert records[row["key"]]["length"] == N
+        assert records[row["key"]]["objective"] == row["objective"]
+        assert records[f"{row['key']}@{proxy}"]["objective"] == row["objective_proxy"]
+    expected = spearman([r["objective_proxy"] for r in rows], [r["objective"] for r in rows])
+    assert report["spearman"] == expected
+    best = min(rows, key=lambda r: r["objective"])
+    assert read_spec_file(out / "best.json") == RopeScaling(**records[best["key"]]["spec"])
+    # the proxy objective is the NLL beyond L of the first M tokens, as plain transformers gives
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    ids = plain_tokens(model_dir, data / "a.txt")[:proxy]
+    spec = RopeScaling(**records[rows[0]["key"]]["spec"])
+    expected = reference_nll_beyond_original(model, [ids], spec)
+    assert rows[0]["objective_proxy"] == pytest.approx(expected, abs=2e-4)
 
 
 def test_ctrl_c_keeps_the_trials_and_the_best_so_far(
@@ -207,6 +326,8 @@ def test_ctrl_c_keeps_the_trials_and_the_best_so_far(
         ({"--target-length": str(L)}, "target_length: 128 is not beyond the original context 128"),
         ({"--budget": "0"}, "budget must be a positive integer, got 0"),
         ({"--dataset": "short"}, "dataset: no document has the target length of 512 tokens"),
+        ({"--space": "all"}, "space: 'all'; allowed: yarn, per-dim, both"),
+        ({"--proxy-length": str(N)}, "proxy_length: 512; allowed: a length between the original"),
     ],
 )
 def test_bad_input_is_refused_by_name(model_dir, tmp_path, capsys, change, message):

@@ -83,6 +83,23 @@ def test_cli_on_a_rewritten_folder_without_overrides(results):
     assert results["cli"]["report"]["passed"]
 
 
+@pytest.mark.parametrize("name", ["tuned-longrope", "tuned-longrope-folder"])
+def test_tuned_longrope_matches_transformers(results, name):
+    """yarnlib tune's per-dim export (longrope, equal short and long factors) from its spec
+    file: with vLLM overrides, and as a folder written by `config --spec` read as is."""
+    run = results[name]
+    assert run["rc"] == 0 and run["report"]["passed"], run
+    assert run["report"]["spec"].startswith("longrope factor=4")
+    assert run["report"]["beyond"]["tokens"] == LENGTH - ORIGINAL
+
+
+def test_longrope_long_factors_are_what_vllm_runs(results):
+    """The control for the above: vLLM given the tuned factors as short_factor only (long
+    factors 1) runs the long ones beyond max_model_len > L, and the check fails."""
+    report = results["reports"]["tuned-longrope-short-only"]
+    assert not report["passed"] and report["beyond"]["max_abs"] > 10 * TOLERANCE, report
+
+
 def test_dynamic_folder_without_fixed_length_is_refused(results):
     error = results["dynamic_as_is"]
     assert error is not None, "vLLM ran a dynamic method without a fixed scale length"
@@ -114,12 +131,27 @@ def test_check_rollout_exits_1_on_failure(negative):
 # -- the worker ------------------------------------------------------------------------------
 
 
+def tuned_longrope(out: Path, model_dir: Path) -> Path:
+    """A spec file as yarnlib tune writes for the per-dim space: 16 divisors for head_dim 32,
+    non-decreasing, the last >= 4, no yarn ramp; attention factor 1.17."""
+    from yarnlib import config_files
+    from yarnlib.spec_file import write_spec_file
+
+    divisors = [1.0] * 4 + [1.3, 1.7, 2.2, 2.9, 3.4, 3.9, 4.4, 4.8, 5.3, 5.6, 6.1, 6.5]
+    spec = config_files.current_spec(model_dir).rescaled(
+        "longrope", FACTOR, ORIGINAL, short_factor=divisors, long_factor=divisors,
+        attention_factor=1.17,
+    )  # fmt: skip
+    return write_spec_file(out / "best.json", spec)
+
+
 def worker(out: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_models import tiny_model
     from vllm_negative import controls
 
     from yarnlib import cli, config_files
+    from yarnlib.spec_file import read_spec_file
     from yarnlib.vllm import check_rollout, llm_kwargs
     from yarnlib.vllm.args_cli import spec_for_model
 
@@ -179,6 +211,24 @@ def worker(out: Path) -> None:
     ]
     rc = cli.main(args)
     results["cli"] = {"rc": rc, "report": json.loads((out / "cli.json").read_text())}
+    # yarnlib tune's per-dim export: a spec file with longrope (equal short and long factors)
+    tuned = tuned_longrope(out, llama)
+    lr_folder = out / "llama-tuned-longrope"
+    assert cli.main(["config", str(llama), "--spec", str(tuned), "--output", str(lr_folder)]) == 0
+    for name, folder, extra in (
+        ("tuned-longrope", llama, []),
+        ("tuned-longrope-folder", lr_folder, ["--config-as-is"]),
+    ):
+        args = ["check-rollout", str(folder), "--spec", str(tuned), "--length", str(LENGTH)]
+        args += ["--tolerance", str(TOLERANCE), "--json", str(out / f"{name}.json"), *extra]
+        rc = cli.main(args)
+        results[name] = {"rc": rc, "report": json.loads((out / f"{name}.json").read_text())}
+    spec = read_spec_file(tuned)
+    short_only = llm_kwargs(spec, head_dim=32)
+    short_only["hf_overrides"]["rope_parameters"]["long_factor"] = [1.0] * 16
+    reports["tuned-longrope-short-only"] = check_rollout.compare(
+        llama, spec, LENGTH, kwargs=short_only, tolerance=TOLERANCE
+    )
     # A dynamic_yarn folder loaded as is: config.json names no fixed length, vLLM must refuse.
     dynamic = out / "llama-dynamic-yarn"
     config_files.apply(

@@ -15,7 +15,6 @@ from typing import Any
 from yarnlib.frequencies import ntk_theta
 from yarnlib.hf_compat import hf_format
 from yarnlib.spec import (
-    CHECKPOINT_METHODS,
     FIELDS,
     KNOB_DEFAULTS,
     RAMP_METHODS,
@@ -75,6 +74,10 @@ def native_rope_parameters(spec: RopeScaling) -> dict[str, Any]:
         params.update(short_factor=list(spec.short_factor), long_factor=list(spec.long_factor))
         if spec.fixed_attention_factor is not None:  # else derived from factor, as it was
             params["attention_factor"] = spec.fixed_attention_factor
+        if spec.is_applied_longrope:  # vLLM reads longrope's attention factor only from these
+            # (transformers warns that it does not know them, and runs attention_factor)
+            attention = spec.fixed_attention_factor
+            params.update(short_mscale=attention, long_mscale=attention)
     return params
 
 
@@ -94,7 +97,11 @@ def config_max_position_embeddings(spec: RopeScaling) -> int | None:
 def marker(spec: RopeScaling) -> dict[str, Any]:
     fields = spec.fields()
     fields.pop("rotary_dim")  # the config's head_dim says it
-    return {k: v for k, v in fields.items() if KNOB_DEFAULTS.get(k, object()) != v}
+    return {
+        k: list(v) if isinstance(v, tuple) else v  # longrope's factors: as JSON writes them
+        for k, v in fields.items()
+        if KNOB_DEFAULTS.get(k, object()) != v
+    }
 
 
 def to_hf(spec: RopeScaling, format: str = "v4") -> dict[str, Any]:
@@ -111,7 +118,7 @@ def to_hf(spec: RopeScaling, format: str = "v4") -> dict[str, Any]:
     max_positions = config_max_position_embeddings(spec)
     if max_positions is not None:
         out["max_position_embeddings"] = max_positions
-    if spec.method not in ("none", *CHECKPOINT_METHODS):  # nothing lowered: no marker needed
+    if spec.method != "none" and not spec.is_checkpoint_scaling:  # else nothing to undo
         out[MARKER] = marker(spec)
     return out
 

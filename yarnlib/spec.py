@@ -24,7 +24,8 @@ NEEDS_ORIGINAL = frozenset(
     {"dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn", "llama3", "longrope"}
 )
 # Scalings checkpoints ship (rope_type llama3, longrope): read and kept, never composed with
-# another and never applied to a model that does not ship them.
+# another and never applied to a model that does not ship them, except longrope in the form
+# ``yarnlib tune`` writes (see ``RopeScaling.is_applied_longrope``).
 CHECKPOINT_METHODS = ("llama3", "longrope")
 DYNAMIC = frozenset({"dynamic_ntk", "dynamic_yarn"})
 STATIC_METHODS = tuple(m for m in METHODS if m not in DYNAMIC)
@@ -317,10 +318,28 @@ class RopeScaling:
         return self.method in DYNAMIC
 
     @property
+    def is_applied_longrope(self) -> bool:
+        """longrope with equal short and long factors and a fixed attention factor: the form
+        ``yarnlib tune`` writes. transformers picks the short factors up to L and the long ones
+        beyond, vLLM the long ones once max_model_len exceeds L; equal factors run the same
+        tables everywhere, so it is a plain re-scaling of the unscaled model (applied to it and
+        re-scaled from it), where a checkpoint's own longrope is kept as it is."""
+        return (
+            self.method == "longrope"
+            and self.short_factor == self.long_factor
+            and self.fixed_attention_factor is not None
+        )
+
+    @property
+    def is_checkpoint_scaling(self) -> bool:
+        """A checkpoint's own scaling (llama3, longrope other than yarnlib's): kept as it is."""
+        return self.method in CHECKPOINT_METHODS and not self.is_applied_longrope
+
+    @property
     def max_position_embeddings(self) -> int | None:
-        """The extended context L × s (None when L is unknown, and for llama3, whose
-        checkpoints state their context apart from the factor: 131072 for 8192 × 8)."""
-        if self.original_max_position_embeddings is None or self.method in CHECKPOINT_METHODS:
+        """The extended context L × s (None when L is unknown, and for a checkpoint's own
+        scaling, which states its context apart from the factor: 131072 for 8192 × 8)."""
+        if self.original_max_position_embeddings is None or self.is_checkpoint_scaling:
             return None
         return int(round(self.original_max_position_embeddings * self.factor))
 
@@ -334,14 +353,17 @@ class RopeScaling:
         """``method`` at ``factor`` applied to the *unscaled* model this spec describes (its
         base theta, rotary dim and original context): scaling again never compounds."""
         original = original_max_position_embeddings or self.original_max_position_embeddings
-        if method_name(method) in CHECKPOINT_METHODS and self.method != method_name(method):
+        target = method_name(method)
+        if target == "longrope" and not self.is_checkpoint_scaling:
+            _check_applied_longrope(knobs)
+        elif target in CHECKPOINT_METHODS and self.method != target:
             raise ValueError(
                 f"method {method!r} is kept where a checkpoint ships it (rope_type "
-                f"{method_name(method)!r}), not applied to a model running {self.method!r}; "
+                f"{target!r}), not applied to a model running {self.method!r}; "
                 f"to extend this model use one of: {', '.join(METHODS[1:])}"
             )
-        if self.method in CHECKPOINT_METHODS:
-            same = method_name(method) == self.method
+        if self.is_checkpoint_scaling:
+            same = target == self.method
             changes = dict(knobs, factor=factor, original_max_position_embeddings=original)
             if not same or self.replace(**changes) != self:
                 raise ValueError(
@@ -389,6 +411,20 @@ class RopeScaling:
         from yarnlib import convert
 
         return convert.to_vllm(self, head_dim, vllm_version)
+
+
+def _check_applied_longrope(knobs: dict[str, Any]) -> None:
+    """longrope goes onto a model only as ``yarnlib tune`` writes it (see is_applied_longrope)."""
+    short, long, attention = (
+        knobs.get(k) for k in ("short_factor", "long_factor", "attention_factor")
+    )
+    if short is None or long is None or attention is None or list(short) != list(long):
+        raise ValueError(
+            "method 'longrope' applies to a model only with per-frequency factors, short_factor "
+            "equal to long_factor, and an attention_factor (what transformers and vLLM run alike), "
+            f"got short_factor={short!r}, long_factor={long!r}, attention_factor={attention!r}; "
+            "pass a spec file of yarnlib tune (--spec best.json)"
+        )
 
 
 def _rebuild(fields: dict[str, Any]) -> RopeScaling:

@@ -150,7 +150,7 @@ def patch(
     state = patch_state(model)
     current = state.original_spec if state else RopeScaling.from_hf(model.config)
     spec = current.rescaled(method, factor, original_max_position_embeddings, **knobs)
-    if spec.method == "longrope":  # only ever the checkpoint's own: its rotary already runs it
+    if spec.method == "longrope" and spec.is_checkpoint_scaling:  # its rotary already runs it
         return model
     head_dim = head_dim_of(model.config)
     routed = rotation.needs_dispatcher(use_kernel, spec.rotary_dim, head_dim)

@@ -1,8 +1,10 @@
-"""``yarnlib tune``: search the YaRN knobs for a model and a target length on calibration text."""
+"""``yarnlib tune``: search the YaRN knobs and per-frequency divisors for a model and a target
+length on calibration text."""
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -14,7 +16,7 @@ from yarnlib.eval.methods import Method, check_methods
 from yarnlib.eval.store import CellStore
 from yarnlib.models import load_config, load_model, resolve
 from yarnlib.spec_file import write_json, write_spec_file
-from yarnlib.tune.search import Search, objective, start_point, to_spec
+from yarnlib.tune.search import SPACES, Search, objective, to_spec, trial_key
 
 TRIALS = "trials.jsonl"
 BEST = "best.json"
@@ -39,11 +41,21 @@ def samples_of(field: str, sources, tokenizer, text_column: str, length: int, co
     return samples
 
 
+def check_proxy(proxy_length: int | None, original: int, target_length: int) -> None:
+    if proxy_length is not None and not original < proxy_length < target_length:
+        raise ValueError(
+            f"proxy_length: {proxy_length}; allowed: a length between the original context "
+            f"{original} and the target length {target_length} (both excluded)"
+        )
+
+
 def run(args) -> int:
-    for field in ("target_length", "budget", "samples"):
+    for field in ("target_length", "budget", "samples", "confirm"):
         positive(field, getattr(args, field))
     if args.dtype not in DTYPES:
         raise ValueError(f"dtype: {args.dtype!r}; allowed: {', '.join(DTYPES)}")
+    if args.space not in (*SPACES, "both"):
+        raise ValueError(f"space: {args.space!r}; allowed: {', '.join(SPACES)}, both")
     config = load_config(args.model)
     native = check_methods(config, [])
     original = args.original_max_position_embeddings or native.original_max_position_embeddings
@@ -53,6 +65,7 @@ def run(args) -> int:
             f"target_length: {args.target_length} is not beyond the original context {original}; "
             "allowed: a length > original_max_position_embeddings"
         )
+    check_proxy(args.proxy_length, original, args.target_length)
     check_methods(config, [Method("yarn", args.target_length / original)])
     output = Path(args.output)
     settings = {
@@ -80,13 +93,18 @@ def run(args) -> int:
     def save_best(spec, record):
         write_spec_file(
             output / BEST, spec, model=args.model, target_length=length,
-            objective=record["objective"], trial=record["trial"],
-            nll_within_original=record["nll_within_original"],
+            objective=record["objective"], objective_length=record["length"],
+            trial=record["trial"], nll_within_original=record["nll_within_original"],
         )  # fmt: skip
 
-    search = Search(model, calibration, native, original, length, store, args.budget, save_best)
+    search = Search(
+        model, calibration, native, original, length, store, args.budget, save_best,
+        proxy_length=args.proxy_length,
+    )  # fmt: skip
+    started = time.perf_counter()
     try:
-        best = search.run(args.seed)
+        search.run(args.seed, args.space)
+        proxy = search.confirm(args.confirm) if args.proxy_length else None
     except KeyboardInterrupt:  # exit 130, as shells do, saying how to go on
         print(
             f"\ninterrupted: finished trials are in {output / TRIALS}, the best so far in "
@@ -94,43 +112,65 @@ def run(args) -> int:
             file=sys.stderr,
         )
         return 130
-    start_spec = to_spec(native, original, start_point(length / original))
-    best_spec = to_spec(native, original, search.best_point)
+    seconds = round(time.perf_counter() - started, 1)
+    rows = {"start": (search.start, search.trials[trial_key(search.start)][1])}
+    rows["best"] = (search.best_point, search.best)
+    rows.update((s, t) for s in SPACES if (t := search.best_in(s, length)) is not None)
+    held_out_scores = {}  # by trial key: the start is often a space's best too
     final = {
-        "settings": {**settings, "budget": args.budget, "seed": args.seed},
+        "settings": {
+            **settings, "budget": args.budget, "seed": args.seed, "space": args.space,
+            "proxy_length": args.proxy_length, "confirm": args.confirm,
+        },
         "trials": len(search.seen),
         "computed_now": search.computed,
-        "start": {"spec": start_spec.fields(), "calibration": _scores(store, start_spec)},
-        "best": {"spec": best_spec.fields(), "calibration": _scores(store, best_spec)},
+        "search_seconds": seconds,
         "objective": "mean NLL of the tokens at positions >= original_max_position_embeddings",
-    }
-    if held_out is not None:
-        for name, spec in (("start", start_spec), ("best", best_spec)):
-            final[name]["held_out"] = objective(model, held_out, spec, original)
+    }  # fmt: skip
+    for name, (point, record) in rows.items():
+        spec = to_spec(native, original, point)
+        final[name] = {"key": record["key"], "spec": spec.fields(), "calibration": _scores(record)}
+        if held_out is not None:
+            if record["key"] not in held_out_scores:
+                held_out_scores[record["key"]] = objective(model, held_out, spec, original)
+            final[name]["held_out"] = held_out_scores[record["key"]]
+    if proxy is not None:
+        final["proxy"] = proxy
     write_json(output / FINAL, final)
-    start_value = final["start"]["calibration"]["objective"]
     print(f"trials: {len(search.seen)} ({search.computed} computed now); {output / TRIALS}")
-    print(f"start (yarn defaults): {start_value:.4f}; best: {best['objective']:.4f}")
-    print(f"best: {best_spec.describe()}")
+    if proxy is not None:
+        print(_proxy_table(proxy, length))
+    for name in rows:
+        label = "start (yarn defaults)" if name == "start" else name
+        print(f"{label}: {final[name]['calibration']['objective']:.4f}  {final[name]['key']}")
+    print(f"best: {to_spec(native, original, search.best_point).describe()}")
     print(f"spec: {output / BEST}; results: {output / FINAL}")
     return 0
 
 
-def _scores(store: CellStore, spec) -> dict:
-    for record in store.done.values():
-        if record["spec"] == spec.fields():
-            return {k: record[k] for k in ("objective", "nll_within_original")}
-    return {}
+def _scores(record: dict) -> dict:
+    return {k: record[k] for k in ("objective", "nll_within_original")}
+
+
+def _proxy_table(proxy: dict, length: int) -> str:
+    lines = [f"{'at ' + str(proxy['proxy_length']):>10} {'at ' + str(length):>10}  candidate"]
+    for row in proxy["candidates"]:
+        lines.append(f"{row['objective_proxy']:>10.4f} {row['objective']:>10.4f}  {row['key']}")
+    rho = proxy["spearman"]
+    lines.append("Spearman rank correlation: " + ("n/a" if rho is None else f"{rho:.3f}"))
+    return "\n".join(lines)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "tune",
-        help="search the YaRN knobs for a model and target length (no fine-tuning)",
-        description="Coordinate search from the YaRN defaults over factor (>= N/L), beta_fast, "
-        "beta_slow and the attention factor, minimising the NLL of calibration tokens beyond "
-        f"the original context. Writes {TRIALS} (a rerun continues), {BEST} (the best spec so "
-        f"far, for --spec of config / vllm-args / eval) and {FINAL}.",
+        help="search the rope scaling for a model and target length (no fine-tuning)",
+        description="Coordinate searches minimising the NLL of calibration tokens beyond the "
+        "original context: over the YaRN knobs (factor >= N/L, beta_fast, beta_slow, attention "
+        "factor) from the YaRN defaults, and over per-frequency divisors plus the attention "
+        "factor (LongRoPE-style, exported as longrope) from the best yarn tables. Writes "
+        f"{TRIALS} (a rerun continues), {BEST} (the best spec so far, for --spec of config / "
+        f"vllm-args / check-rollout / eval) and {FINAL}.",
     )
     p.add_argument("--model", required=True, help="local folder, hub id, or 'smollm2'")
     p.add_argument("--target-length", type=int, required=True, help="context N to reach")
@@ -143,6 +183,18 @@ def register(subparsers) -> None:
     p.add_argument("--samples", type=int, default=2, help="documents of N tokens per trial")
     p.add_argument("--budget", type=int, default=20, help="trials (objective evaluations)")
     p.add_argument("--seed", type=int, default=0, help="order of the coordinate moves")
+    p.add_argument(
+        "--space", default="both", help="yarn, per-dim, or both (yarn on half the budget, then "
+        "per-dim from its best; the default)",
+    )  # fmt: skip
+    p.add_argument(
+        "--proxy-length", type=int, help="score the search at M < N tokens (e.g. N/2), then "
+        "confirm the best candidates at N",
+    )  # fmt: skip
+    p.add_argument(
+        "--confirm", type=int, default=5, help="with --proxy-length: distinct candidates "
+        "re-scored at N (besides the start and each space's best)",
+    )  # fmt: skip
     p.add_argument("--output", required=True, help="folder for trials, best.json, final.json")
     p.add_argument("--dtype", default="float32", help=", ".join(DTYPES))
     p.set_defaults(func=run)

@@ -1,0 +1,159 @@
+"""Issue 15's SmolLM2-135M plan: tune for 32k (4x its 8k) on some plays, evaluate on others.
+
+1. ``yarnlib tune --space both --proxy-length N/2`` on the calibration plays (OUT/tune);
+2. the best of each space as a spec file (OUT/tuned-yarn.json, OUT/tuned-per-dim.json);
+3. ``yarnlib eval perplexity`` at 8k/16k/32k on the held-out plays: native, yarn:4, ntk:4,
+   dynamic_yarn:4 and both tuned specs (OUT/ppl-*);
+4. ``yarnlib eval passkey`` at 16k/24k/32k, 5 trials x 3 depths, the same rows (OUT/passkey-*);
+5. OUT/results.json and a printed table (perplexity, its ratio to native 8k, passkey accuracy).
+
+Every step resumes: rerun the same command and finished trials and cells are taken from disk.
+The full plan is hours of CPU (a GPU run is minutes); ``--smoke`` runs the same pipeline at a
+pretended original context of 256 tokens (target 1024) in a few minutes, to prove it end to
+end (its numbers mean nothing).
+
+    .venv/bin/python benchmarks/tune_smollm2.py --output benchmarks/out/tune_smollm2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from yarnlib.cli import main as yarnlib_main
+from yarnlib.documents import DEFAULT_DATASET
+from yarnlib.spec import RopeScaling
+from yarnlib.spec_file import write_json, write_spec_file
+
+CALIBRATION = ("antony_and_cleopatra", "henry_v")
+HELD_OUT = ("coriolanus", "winters_tale", "romeo_and_juliet")
+FULL = {
+    "original": None,  # SmolLM2's 8192
+    "target": 32768,
+    "ppl_lengths": "8192,16384,32768",
+    "passkey_lengths": "16384,24576,32768",
+    "budget": 60,
+    "trials": 5,
+    "depths": "0.1,0.5,0.9",
+    "samples": 2,
+}
+SMOKE = {
+    "original": 256,
+    "target": 1024,
+    "ppl_lengths": "256,512,1024",
+    "passkey_lengths": "768,1024",
+    "budget": 4,
+    "trials": 1,
+    "depths": "0.5",
+    "samples": 1,
+}
+
+
+def yarnlib(*argv: str) -> None:
+    code = yarnlib_main(list(argv))
+    if code:
+        raise SystemExit(f"yarnlib {' '.join(argv)}: exit {code}")
+
+
+def tune(args, plan: dict, data: Path, output: Path) -> dict:
+    argv = [
+        "tune", "--model", args.model, "--target-length", str(plan["target"]),
+        "--dataset", *(str(data / f"{p}.txt") for p in CALIBRATION),
+        "--held-out", *(str(data / f"{p}.txt") for p in HELD_OUT),
+        "--samples", str(plan["samples"]), "--budget", str(plan["budget"]), "--space", "both",
+        "--proxy-length", str(plan["target"] // 2), "--output", str(output / "tune"),
+    ]  # fmt: skip
+    if plan["original"]:
+        argv += ["--original-max-position-embeddings", str(plan["original"])]
+    yarnlib(*argv)
+    return json.loads((output / "tune" / "final.json").read_text())
+
+
+def spec_files(final: dict, output: Path) -> dict[str, Path]:
+    """The best spec of each space as a spec file (best.json holds only the overall best)."""
+    return {
+        space: write_spec_file(output / f"tuned-{space}.json", RopeScaling(**final[space]["spec"]))
+        for space in ("yarn", "per-dim")
+    }
+
+
+def evaluate(args, plan: dict, data: Path, output: Path, specs: dict[str, Path]) -> dict:
+    """Perplexity and passkey cells: the baselines with the tuned yarn spec, then the tuned
+    per-dim spec (eval takes one spec file per run, and at least one method: its second
+    `none` rows are dropped)."""
+    factor = plan["target"] / (plan["original"] or 8192)
+    baselines = f"none,yarn:{factor:g},ntk:{factor:g},dynamic_yarn:{factor:g}"
+    held_out = [str(data / f"{p}.txt") for p in HELD_OUT]
+    cells: dict[str, list] = {"perplexity": [], "passkey": []}
+    for space, methods in (("yarn", baselines), ("per-dim", "none")):
+        common = ["--model", args.model, "--methods", methods, "--spec", str(specs[space])]
+        common += ["--resume"]
+        ppl, passkey = output / f"ppl-{space}", output / f"passkey-{space}"
+        yarnlib(
+            "eval", "perplexity", *common, "--lengths", plan["ppl_lengths"],
+            "--dataset", *held_out, "--samples", str(plan["samples"]), "--output", str(ppl),
+        )  # fmt: skip
+        yarnlib(
+            "eval", "passkey", *common, "--lengths", plan["passkey_lengths"],
+            "--trials", str(plan["trials"]), "--depths", plan["depths"], "--output", str(passkey),
+        )  # fmt: skip
+        for name, folder in (("perplexity", ppl), ("passkey", passkey)):
+            found = json.loads((folder / f"{name}.json").read_text())["cells"]
+            cells[name] += [c for c in found if space == "yarn" or c["method"] != "none"]
+    return cells
+
+
+def table(cells: dict, plan: dict) -> dict:
+    """Per method: perplexity per length, its ratio to native at the first length, passkey
+    accuracy per length (mean over depths)."""
+    ppl: dict[str, dict] = {}
+    for c in cells["perplexity"]:
+        ppl.setdefault(c["method"], {})[c["length"]] = math.exp(c["nll"])
+    native = ppl.get("none", {}).get(int(plan["ppl_lengths"].split(",")[0]))
+    passkey: dict[str, dict] = {}
+    for c in cells["passkey"]:
+        passkey.setdefault(c["method"], {}).setdefault(c["length"], []).append(c["accuracy"])
+    rows = {}
+    for method in {**ppl, **passkey}:
+        rows[method] = {
+            "perplexity": ppl.get(method, {}),
+            "ratio_to_native": {n: p / native for n, p in ppl.get(method, {}).items()}
+            if native
+            else {},
+            "passkey": {n: sum(a) / len(a) for n, a in passkey.get(method, {}).items()},
+        }
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--output", default="benchmarks/out/tune_smollm2")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--data", default=str(DEFAULT_DATASET))
+    p.add_argument("--budget", type=int, help="tune trials (default 60; smoke 4)")
+    p.add_argument("--smoke", action="store_true", help="the pipeline at L=256, N=1024")
+    args = p.parse_args(argv)
+    plan = dict(SMOKE if args.smoke else FULL)
+    if args.budget:
+        plan["budget"] = args.budget
+    output, data = Path(args.output), Path(args.data)
+    output.mkdir(parents=True, exist_ok=True)
+    final = tune(args, plan, data, output)
+    specs = spec_files(final, output)
+    cells = evaluate(args, plan, data, output, specs)
+    rows = table(cells, plan)
+    results = {"plan": plan, "smoke": args.smoke, "tune": final, "rows": rows}
+    write_json(output / "results.json", results)
+    print(f"{'method':<22}{'perplexity by length':<36}{'ratio to native':<26}passkey")
+    for method, row in rows.items():
+        ppl = " ".join(f"{n}:{v:.2f}" for n, v in row["perplexity"].items())
+        ratio = " ".join(f"{v:.3f}" for v in row["ratio_to_native"].values())
+        keys = " ".join(f"{n}:{v:.0%}" for n, v in row["passkey"].items())
+        print(f"{method:<22}{ppl:<36}{ratio:<26}{keys}")
+    print(f"results: {output / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
