@@ -159,6 +159,7 @@ def run(argv=None) -> dict:
         dict(
             output_dir=str(output / "trainer"),
             use_cpu=True,
+            bf16=False,  # TRL defaults to bf16 autocast: slow on CPU, and not the float32 actor
             max_steps=opts.steps,
             per_device_train_batch_size=opts.num_generations * opts.prompts_per_step,
             num_generations=opts.num_generations,
