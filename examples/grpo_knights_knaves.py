@@ -140,7 +140,7 @@ def run(argv=None) -> dict:
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from yarnlib import config_files
+    from yarnlib import config
     from yarnlib.documents import DEFAULT_DATASET
     from yarnlib.integrations import knights_knaves, logprob_gap
     from yarnlib.integrations import trl as yarnlib_trl
@@ -149,7 +149,7 @@ def run(argv=None) -> dict:
     output = Path(opts.output)
     text = "\n\n".join(p.read_text() for p in sorted(DEFAULT_DATASET.glob("*.txt")))
     source = source_model(opts.model, output, text)
-    spec = config_files.target_spec(source, opts.method, opts.factor)
+    spec = config.target_spec(source, opts.method, opts.factor)
     original = spec.original_max_position_embeddings
     prompt_tokens = opts.prompt_tokens or 3 * original
     slack = 64  # decoding then re-encoding the distractor may shift the count a little

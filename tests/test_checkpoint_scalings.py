@@ -9,7 +9,8 @@ import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import yarnlib
-from yarnlib import RopeScaling, cli, config_files
+from yarnlib import RopeScaling, cli
+from yarnlib.config import current_spec, show, target_spec
 from yarnlib.hf_compat import hf_format
 from yarnlib.vllm.args_cli import model_kwargs, spec_for_model
 
@@ -89,7 +90,7 @@ def model_dir(request, tmp_path):
 
 
 def rope_type_of(model_dir):
-    return config_files.current_spec(model_dir).method
+    return current_spec(model_dir).method
 
 
 def test_patch_with_its_own_method_is_exact(model_dir):
@@ -102,7 +103,7 @@ def test_patch_with_its_own_method_is_exact(model_dir):
         before = [model(ids[:, :n]).logits for n in (ORIGINAL, 300)]
         yarnlib.patch(model, method=rope_type, factor=FACTOR[rope_type])
         after = [model(ids[:, :n]).logits for n in (ORIGINAL, 300)]
-    assert RopeScaling.from_hf(model.config) == config_files.current_spec(model_dir)
+    assert RopeScaling.from_hf(model.config) == current_spec(model_dir)
     assert model.config.max_position_embeddings == CONTEXT  # the checkpoint's, not L × s
     for a, b in zip(after, before, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
@@ -129,7 +130,7 @@ def test_other_scaling_on_top_is_refused_with_what_to_do(model_dir, method, fact
     rope_type = rope_type_of(model_dir)
     method = rope_type if method == "same" else method
     with pytest.raises(ValueError, match=f"already runs rope '{rope_type}'") as error:
-        config_files.target_spec(model_dir, method, factor)
+        target_spec(model_dir, method, factor)
     assert f"Use method '{rope_type}' with factor {FACTOR[rope_type]:g}" in str(error.value)
     with pytest.raises(ValueError, match=f"already runs rope '{rope_type}'"):
         spec_for_model(model_dir, method, factor)
@@ -166,7 +167,7 @@ def test_vllm_args_inspect_and_show(model_dir, capsys):
     assert f"{rope_type} factor={FACTOR[rope_type]:g} original={ORIGINAL}" in (
         capsys.readouterr().out
     )
-    report = config_files.show(model_dir)  # `yarnlib config DIR --show`
+    report = show(model_dir)  # `yarnlib config DIR --show`
     assert report["spec"]["method"] == rope_type and report["inconsistencies"] == []
     assert (report["native_context"], report["extended_context"]) == (ORIGINAL, CONTEXT)
 

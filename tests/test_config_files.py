@@ -24,10 +24,10 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-from yarnlib import config_files
 from yarnlib.cli import main
+from yarnlib.config import current_spec, show
+from yarnlib.config.file_set import JOURNAL
 from yarnlib.convert import MARKER, native_rope_parameters, to_hf
-from yarnlib.file_set import JOURNAL
 from yarnlib.hf_compat import hf_format
 from yarnlib.spec import RopeScaling
 
@@ -158,7 +158,7 @@ def test_every_method(folder, method, form):
     assert config(path, *METHOD_ARGS[method][0], "--in-place") == 0
     spec = expected_spec(method)
     assert_runs(path, spec)
-    assert config_files.current_spec(path) == spec
+    assert current_spec(path) == spec
 
 
 @pytest.mark.parametrize("fmt", ("v4", "v5") if hf_format() == "v5" else ("v4",))
@@ -215,11 +215,11 @@ def test_disagreeing_v4_and_v5_blocks_are_reported(folder, capsys):
     (path / "config.json").write_text(json.dumps(data, indent=2))
     assert config(path, "--check") == 1
     assert "vLLM read rope_scaling (set, it wins)" in capsys.readouterr().out
-    assert config_files.current_spec(path).describe().startswith("linear factor=2")
+    assert current_spec(path).describe().startswith("linear factor=2")
     data["rope_theta"] = THETA  # agreeing blocks are not reported
     data["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": THETA}
     (path / "config.json").write_text(json.dumps(data, indent=2))
-    assert "two RoPE blocks" not in " ".join(config_files.show(path)["inconsistencies"])
+    assert "two RoPE blocks" not in " ".join(show(path)["inconsistencies"])
 
 
 def test_format_alone_keeps_the_settings(folder):
@@ -227,7 +227,7 @@ def test_format_alone_keeps_the_settings(folder):
     assert config(path, "--format", "v4", "--in-place") == 0
     written = json.loads((path / "config.json").read_text())
     assert written["rope_theta"] == THETA and "rope_parameters" not in written
-    assert config_files.current_spec(path) == RopeScaling("none", 1, L, THETA, HEAD_DIM)
+    assert current_spec(path) == RopeScaling("none", 1, L, THETA, HEAD_DIM)
 
 
 # -- vLLM reads the same ----------------------------------------------------------------------
@@ -267,9 +267,9 @@ def test_vllm_config_loader_reads_the_same(folder):
         for key, value in native_rope_parameters(spec).items():
             assert read[path]["rope"][key] == pytest.approx(value), (path, key)
         assert read[path]["max_model_len"] == spec.max_position_embeddings, path
-        assert config_files.show(path)["vllm"]["max_model_len"] == read[path]["max_model_len"]
+        assert show(path)["vllm"]["max_model_len"] == read[path]["max_model_len"]
     # the show report predicts vLLM's length for the hand-edited file, and flags it
-    report = config_files.show(untouched)
+    report = show(untouched)
     assert report["vllm"]["max_model_len"] == read[str(untouched)]["max_model_len"] == L
     assert report["extended_context"] == 2 * L and report["inconsistencies"]
 
@@ -601,14 +601,14 @@ def test_show_flags(folder):
     # linear: vLLM (and yarnlib) read max_position_embeddings as the original length
     data.update(rope_scaling={"type": "linear", "factor": 4.0}, max_position_embeddings=4 * L)
     config_path.write_text(json.dumps(data))
-    report = config_files.show(path)
+    report = show(path)
     assert report["vllm"]["max_model_len"] == report["extended_context"] == 16 * L
     problems = " ".join(report["inconsistencies"])
     assert "model_max_length=256" in problems and "max_length=100 is below" in problems
     data.update(rope_scaling={"type": "dynamic", "factor": 4.0}, max_position_embeddings=L)
     del data["rope_theta"]
     config_path.write_text(json.dumps(data))
-    problems = " ".join(config_files.show(path)["inconsistencies"])
+    problems = " ".join(show(path)["inconsistencies"])
     assert "static NTK" in problems and "no rope_theta" in problems
 
 
@@ -616,14 +616,14 @@ def test_show_flags(folder):
 def test_show_flags_v5_keys_that_transformers_4_ignores(folder):
     path = folder("llama", "v4")
     assert config(path, "--factor", "4", "--format", "v5", "--in-place") == 0
-    problems = " ".join(config_files.show(path)["inconsistencies"])
+    problems = " ".join(show(path)["inconsistencies"])
     assert "ignores rope_parameters" in problems and "rope_theta 10000" in problems
     loaded = AutoConfig.from_pretrained(path)  # what that problem says: default rope, 1e4
     assert torch.equal(
         LlamaRotaryEmbedding(loaded).inv_freq, RopeScaling("none", 1, L, 1e4, HEAD_DIM).inv_freq()
     )
     assert config(path, "--format", "v4", "--in-place") == 0
-    assert config_files.show(path)["inconsistencies"] == []
+    assert show(path)["inconsistencies"] == []
     assert_runs(path, expected_spec("yarn"))
 
 
@@ -672,7 +672,7 @@ def test_show_rope_types_yarnlib_does_not_know(folder):
     data = json.loads((path / "config.json").read_text())
     data["rope_scaling"] = {"rope_type": "proportional"}
     (path / "config.json").write_text(json.dumps(data, indent=2))
-    report = config_files.show(path)
+    report = show(path)
     assert report["spec"] is None and report["vllm"]["max_model_len"] == L
     assert ["proportional" in p for p in report["inconsistencies"]] == [True]
     before = snapshot(path)

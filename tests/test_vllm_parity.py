@@ -134,11 +134,11 @@ def test_check_rollout_exits_1_on_failure(negative):
 def tuned_longrope(out: Path, model_dir: Path) -> Path:
     """A spec file as yarnlib tune writes for the per-dim space: 16 divisors for head_dim 32,
     non-decreasing, the last >= 4, no yarn ramp; attention factor 1.17."""
-    from yarnlib import config_files
+    from yarnlib.config import current_spec
     from yarnlib.spec_file import write_spec_file
 
     divisors = [1.0] * 4 + [1.3, 1.7, 2.2, 2.9, 3.4, 3.9, 4.4, 4.8, 5.3, 5.6, 6.1, 6.5]
-    spec = config_files.current_spec(model_dir).rescaled(
+    spec = current_spec(model_dir).rescaled(
         "longrope", FACTOR, ORIGINAL, short_factor=divisors, long_factor=divisors,
         attention_factor=1.17,
     )  # fmt: skip
@@ -150,7 +150,8 @@ def worker(out: Path) -> None:
     from tiny_models import tiny_model
     from vllm_negative import controls
 
-    from yarnlib import cli, config_files
+    from yarnlib import cli
+    from yarnlib.config import apply, plan
     from yarnlib.spec_file import read_spec_file
     from yarnlib.vllm import check_rollout, llm_kwargs
     from yarnlib.vllm.args_cli import spec_for_model
@@ -196,9 +197,7 @@ def worker(out: Path) -> None:
     check("yarn-without-rope_theta", llama, "yarn", kwargs=broken)
     # A folder rewritten on disk (the EasyR1 route), loaded by vLLM without overrides.
     rewritten = out / "llama-yarn"
-    config_files.apply(
-        llama, config_files.plan(llama, spec_for_model(llama, "yarn", FACTOR)), output=rewritten
-    )
+    apply(llama, plan(llama, spec_for_model(llama, "yarn", FACTOR)), output=rewritten)
     args = ["check-rollout", str(rewritten), "--method", "yarn", "--factor", str(FACTOR)]
     args += ["--config-as-is"]
     args += [
@@ -231,9 +230,9 @@ def worker(out: Path) -> None:
     )
     # A dynamic_yarn folder loaded as is: config.json names no fixed length, vLLM must refuse.
     dynamic = out / "llama-dynamic-yarn"
-    config_files.apply(
+    apply(
         llama,
-        config_files.plan(llama, spec_for_model(llama, "dynamic_yarn", FACTOR)),
+        plan(llama, spec_for_model(llama, "dynamic_yarn", FACTOR)),
         output=dynamic,
     )
     try:

@@ -51,7 +51,8 @@ def assert_sharp(model_dir: Path) -> None:
 
 def controls(model_dir: Path, out: Path) -> dict:
     """Each wrong setting through ``check_rollout.compare``; files go to ``out``."""
-    from yarnlib import cli, config_files
+    from yarnlib import cli
+    from yarnlib.config import apply, plan
     from yarnlib.vllm import check_rollout, llm_kwargs
     from yarnlib.vllm.args_cli import spec_for_model
 
@@ -75,7 +76,7 @@ def controls(model_dir: Path, out: Path) -> dict:
     # (attention_factor 1: yarn's frequencies at plain RoPE's magnitude), checked with the
     # command as EasyR1's rollout loads it (no overrides).
     rewritten = out / "llama-yarn"
-    config_files.apply(model_dir, config_files.plan(model_dir, yarn), output=rewritten)
+    apply(model_dir, plan(model_dir, yarn), output=rewritten)
     config = json.loads((rewritten / "config.json").read_text())
     config["rope_parameters"]["attention_factor"] = 1.0
     (rewritten / "config.json").write_text(json.dumps(config))

@@ -15,7 +15,7 @@ import sys
 # module path of each subcommand, in the order `yarnlib --help` lists them
 SUBCOMMANDS = [
     "yarnlib.inspect_cli",
-    "yarnlib.config_cli",
+    "yarnlib.config.cli",
     "yarnlib.vllm.args_cli",
     "yarnlib.vllm.check_rollout",
     "yarnlib.eval.cli",

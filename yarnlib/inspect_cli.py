@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from yarnlib.config_files import current_spec
+from yarnlib.config import current_spec
 from yarnlib.frequencies import base_inv_freq, extrapolation_weight
 from yarnlib.spec import METHODS, RAMP_METHODS, RopeScaling, canonical_method
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from yarnlib import config_files
+from yarnlib import config
 from yarnlib.spec import STATIC_METHODS, RopeScaling
 from yarnlib.vllm import versions
 
@@ -106,8 +106,8 @@ def rewrite_model_folder(
     or into ``output`` (weights symlinked), and point ``model[path_key]`` at the result."""
     path = model[path_key]
     if in_place:
-        config_files.complete_interrupted(path)
-    config_files.apply(path, config_files.plan(path, spec), in_place=in_place, output=output)
+        config.complete_interrupted(path)
+    config.apply(path, config.plan(path, spec), in_place=in_place, output=output)
     if output is not None:
         model[path_key] = str(output)
 

@@ -1,7 +1,7 @@
 """EasyR1 (``verl.trainer.main``): one RoPE for actor and rollout via the checkpoint's config.json.
 
 EasyR1's vLLM rollout takes no config overrides: it reads ``worker.actor.model.model_path``
-itself. So the checkpoint's config.json is rewritten (``yarnlib.config_files``, the
+itself. So the checkpoint's config.json is rewritten (``yarnlib.config``, the
 ``yarnlib config`` command) and both the actor and the rollout load it; the actor's
 ``override_config`` must then carry no rope keys of its own.
 """

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from yarnlib import config_files
+from yarnlib import config
 from yarnlib.integrations.common import require_static
 from yarnlib.spec import RopeScaling
 
@@ -111,7 +111,7 @@ def apply(
         require_static(spec, "TRL (use_vllm=True)")
     max_model_len = lengths(spec, args, max_prompt_length)
     source = model_folder(model)
-    config_files.apply(source, config_files.plan(source, spec), output=output)
+    config.apply(source, config.plan(source, spec), output=output)
     args.vllm_max_model_length = max_model_len
     return str(output), args
 

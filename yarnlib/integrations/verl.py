@@ -4,7 +4,7 @@ verl applies ``actor_rollout_ref.model.override_config`` with ``update_model_con
 walks nested dicts and sets one attribute at a time: a rope dict lands on the config's
 existing rope dict and fails (``'dict' object has no attribute 'rope_type'``, verl 0.9.1 on
 transformers 5), and its vLLM server reads config.json anyway. So, as for EasyR1, the
-checkpoint's config.json is rewritten (``yarnlib.config_files``, the ``yarnlib config``
+checkpoint's config.json is rewritten (``yarnlib.config``, the ``yarnlib config``
 command) and ``actor_rollout_ref.model.path`` points at it: actor, reference model and
 rollout load the same file, and verl's rollout check (``max_model_len`` ≤ the config's
 ``max_position_embeddings``) sees the scaled length.

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from yarnlib.config_files import CONFIG, current_spec, read_files
+from yarnlib.config.files import CONFIG, current_spec, read_files
 from yarnlib.convert import head_dim_of
 from yarnlib.spec import METHODS, RopeScaling
 from yarnlib.spec_file import spec_on_model

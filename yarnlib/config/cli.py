@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from yarnlib import config_files
+from yarnlib.config import files
 from yarnlib.spec import METHODS, YARN_KNOB_DEFAULTS
 from yarnlib.spec_file import spec_on_model
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.show or args.check or not changing:
         if changing:
             raise ValueError("--show/--check only report; drop them to change the files")
-        report = config_files.show(args.model_dir)
+        report = files.show(args.model_dir)
         print(json.dumps(report, indent=2) if args.json else format_report(report))
         return 1 if args.check and report["inconsistencies"] else 0
     if args.reset and (requested or args.spec):
@@ -91,20 +91,20 @@ def run(args: argparse.Namespace) -> int:
     if args.in_place and args.output:
         raise ValueError("give either --in-place or --output DIR, not both")
     if args.in_place:
-        for path in config_files.complete_interrupted(args.model_dir):
+        for path in files.complete_interrupted(args.model_dir):
             print(f"wrote {path} (completing an interrupted rewrite)")
     spec = None
     if args.spec:
-        spec = spec_on_model(args.spec, config_files.current_spec(args.model_dir))
+        spec = spec_on_model(args.spec, files.current_spec(args.model_dir))
     elif requested:
-        spec = config_files.target_spec(args.model_dir, **requested)
+        spec = files.target_spec(args.model_dir, **requested)
     elif not args.reset:  # --format alone: the settings the folder runs now, in that format
-        spec = config_files.current_spec(args.model_dir)
-    changes = config_files.plan(args.model_dir, spec, reset=args.reset, format=args.format)
+        spec = files.current_spec(args.model_dir)
+    changes = files.plan(args.model_dir, spec, reset=args.reset, format=args.format)
     if args.dry_run:
-        sys.stdout.write(config_files.diff(changes) or "no changes\n")
+        sys.stdout.write(files.diff(changes) or "no changes\n")
         return 0
-    written = config_files.apply(
+    written = files.apply(
         args.model_dir,
         changes,
         in_place=args.in_place,
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         print(f"wrote {args.output} (weights: {args.weights})")
     print("\n".join(f"wrote {p}" for p in written) or "no changes: the files already say this")
-    print(format_report(config_files.show(args.output or args.model_dir)))
+    print(format_report(files.show(args.output or args.model_dir)))
     return 0
 
 
@@ -146,7 +146,7 @@ def register(subparsers) -> None:
     rope.add_argument("--spec", metavar="FILE", help="a spec file (best.json of yarnlib tune)")
     rope.add_argument(
         "--format",
-        choices=config_files.FORMATS,
+        choices=files.FORMATS,
         default="auto",
         help="v4: rope_theta + rope_scaling; v5: rope_parameters; auto: as the file is "
         "(v4 for a file without rope settings)",
@@ -158,7 +158,7 @@ def register(subparsers) -> None:
     write.add_argument("--output", metavar="DIR", help="write a new folder, source untouched")
     write.add_argument(
         "--weights",
-        choices=config_files.WEIGHTS,
+        choices=files.WEIGHTS,
         default="symlink",
         help="with --output: symlink (default) or copy the weight files",
     )

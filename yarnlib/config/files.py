@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from yarnlib import file_set
+from yarnlib.config import file_set
+from yarnlib.config.json_text import JsonText, undo
 from yarnlib.convert import (
     DEFAULT_ROPE_THETA,
     HF_DYNAMIC_YARN,
@@ -37,7 +38,6 @@ from yarnlib.convert import (
     to_hf,
 )
 from yarnlib.hf_compat import hf_format, transformers_version
-from yarnlib.json_text import JsonText, undo
 from yarnlib.spec import RopeScaling, canonical_method
 
 CONFIG, TOKENIZER, GENERATION = "config.json", "tokenizer_config.json", "generation_config.json"
