@@ -8,8 +8,8 @@ generation. The run's summary.json holds the reward and timing per step and the 
 gap table: rollout vs actor within and beyond L, for yarnlib and for two common mistakes.
 
     python examples/grpo_knights_knaves.py --model tiny --steps 2 --output runs/kk-tiny
-    python examples/grpo_knights_knaves.py --model smollm2 --factor 4 --prompt-tokens 20000 \\
-        --steps 3 --output runs/kk-smollm2
+    VLLM_CPU_KVCACHE_SPACE=4 python examples/grpo_knights_knaves.py --model smollm2 --factor 4 \\
+        --prompt-tokens 20000 --steps 1 --gradient-checkpointing --output runs/kk-smollm2
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-# vLLM on CPU: 1 GiB of KV cache, both cores (see ../shared/ENVIRONMENT.md)
+# vLLM on CPU: 1 GiB of KV cache (enough for the tiny model; 2 x 20k tokens of SmolLM2 need
+# VLLM_CPU_KVCACHE_SPACE=4), both cores (see ../shared/ENVIRONMENT.md)
 for key, value in {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "0-1",
