@@ -5,6 +5,7 @@ the proxy's ranking report holds the numbers of its trials."""
 import copy
 import json
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -356,3 +357,36 @@ def test_a_bad_spec_file_is_refused_by_name(tmp_path, text, message):
     with pytest.raises(ValueError, match="spec: ") as error:
         read_spec_file(path)
     assert message in str(error.value) and str(path) in str(error.value)
+
+
+def test_plot_tune_reads_the_miniatures_results(tmp_path):
+    """benchmarks/plot_tune.py on the committed miniature results: the divisors it plots are
+    base / inv_freq (a tuned longrope's are its factors, the yarn start's run from 1 to the
+    factor), its perplexities are the held-out ones the docs' table quotes, proxy runs left out."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_tune.py"
+    loader = importlib.util.spec_from_file_location("plot_tune", path)
+    plot_tune = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(plot_tune)
+    results = path.parents[1] / "docs" / "mini_tune" / "results.json"
+    plot_tune.main([str(results), "--output", str(tmp_path / "plot")])
+
+    data = json.loads((tmp_path / "plot.json").read_text())
+    assert (tmp_path / "plot.png").stat().st_size > 0
+    assert sorted(data) == ["4x, search at N", "8x, search at N"]
+    runs = json.loads(results.read_text())["runs"]
+    for name, quoted in (
+        ("4x, search at N", (142.04, 138.06, 134.00)),
+        ("8x, search at N", (132.98, 127.77, 127.20)),
+    ):
+        run = data[name]
+        assert [round(run[r]["held_out_perplexity"], 2) for r in plot_tune.ROLES] == list(quoted)
+        per_dim = runs[name]["per-dim"]["spec"]
+        assert per_dim["method"] == "longrope"
+        assert run["per-dim"]["divisors"] == pytest.approx(per_dim["short_factor"], rel=1e-6)
+        start = run["start"]["divisors"]
+        assert start[0] == pytest.approx(1.0) and start[-1] == pytest.approx(
+            runs[name]["start"]["spec"]["factor"]
+        )
+        assert start == sorted(start)
