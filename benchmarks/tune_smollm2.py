@@ -5,7 +5,8 @@
 3. ``yarnlib eval perplexity`` at 8k/16k/32k on the held-out plays: native, yarn:4, ntk:4,
    dynamic_yarn:4 and both tuned specs (OUT/ppl-*);
 4. ``yarnlib eval passkey`` at 16k/24k/32k, 5 trials x 3 depths, the same rows (OUT/passkey-*);
-5. OUT/results.json and a printed table (perplexity, its ratio to native 8k, passkey accuracy).
+5. OUT/results.json and a printed table (perplexity, its ratio to native 8k, passkey accuracy);
+   OUT/divisors.png, the divisor per frequency of each tuned spec (benchmarks/plot_tune.py).
 
 Every step resumes: rerun the same command and finished trials and cells are taken from disk.
 The full plan is hours of CPU (a GPU run is minutes); ``--smoke`` runs the same pipeline at a
@@ -21,6 +22,8 @@ import argparse
 import json
 import math
 from pathlib import Path
+
+import plot_tune  # benchmarks/, beside this script
 
 from yarnlib.cli import main as yarnlib_main
 from yarnlib.documents import DEFAULT_DATASET
@@ -146,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = table(cells, plan)
     results = {"plan": plan, "smoke": args.smoke, "tune": final, "rows": rows}
     write_json(output / "results.json", results)
+    plot_tune.main([str(output / "results.json"), "--output", str(output / "divisors")])
     print(f"{'method':<22}{'perplexity by length':<36}{'ratio to native':<26}passkey")
     for method, row in rows.items():
         ppl = " ".join(f"{n}:{v:.2f}" for n, v in row["perplexity"].items())

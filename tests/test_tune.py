@@ -390,3 +390,9 @@ def test_plot_tune_reads_the_miniatures_results(tmp_path):
             runs[name]["start"]["spec"]["factor"]
         )
         assert start == sorted(start)
+
+    # tune_smollm2.py's results.json holds one run under "tune" (its final.json)
+    single = tmp_path / "final.json"
+    single.write_text(json.dumps({"tune": runs["8x, search at N"]}))
+    plot_tune.main([str(single), "--output", str(tmp_path / "plotted")])
+    assert json.loads((tmp_path / "plotted.json").read_text())["tune"] == data["8x, search at N"]
