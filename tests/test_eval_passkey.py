@@ -1,12 +1,14 @@
 import re
 
 import pytest
-from test_eval_support import tiny_tokenizer
+import torch
+from test_eval_support import VOCAB, tiny_tokenizer
 from tiny_models import tiny_model
 
+import yarnlib
 from yarnlib.eval import passkey
-from yarnlib.eval.methods import parse_methods
-from yarnlib.eval.passkey import build_prompt, min_length, parse_answer
+from yarnlib.eval.methods import apply_method, parse_methods
+from yarnlib.eval.passkey import PromptCache, build_prompt, min_length, parse_answer, prefill
 from yarnlib.eval.store import CellStore
 
 
@@ -73,7 +75,7 @@ def test_scoring_counts_the_pass_key_only(tok, tmp_path, monkeypatch):
     the share of replies that are the pass key."""
     replies = iter(["key", "decoy", "other", "none", "key", "key", "decoy", "key"])
 
-    def reply(model, tokenizer, prompt, max_new_tokens):
+    def reply(model, tokenizer, prompt, max_new_tokens, cache):
         keys = re.findall(r"The (\w+) key is (\d+)\.", tokenizer.decode(prompt.input_ids))
         decoys = [int(k) for name, k in keys if name != "pass"]
         assert len(decoys) == 2 and prompt.key not in decoys
@@ -92,3 +94,70 @@ def test_scoring_counts_the_pass_key_only(tok, tmp_path, monkeypatch):
         right = [a["answer"] == a["key"] for a in cell["answers"]]
         assert cell["accuracy"] == sum(right) / len(right) and cell["distractors"] == 2
     assert [a["answer"] for a in first["answers"]][2:] == [7, None]
+
+
+@pytest.fixture(scope="module")
+def sdpa_model():
+    return tiny_model(vocab_size=VOCAB, attn_implementation="sdpa")
+
+
+@torch.no_grad()
+def full_logits(model, ids):
+    return model(input_ids=torch.tensor([ids])).logits[0, -1]
+
+
+@pytest.mark.parametrize("method", ["none", "yarn:4", "ntk:2"])
+def test_prefill_from_a_shared_prefix_equals_a_full_forward(tok, sdpa_model, method, monkeypatch):
+    """Prompts of several lengths and depths, each after the one before in one cache: the
+    logits of the last prompt token equal a forward of the whole prompt (float32: 2e-5), and
+    the cache reused exactly each prompt's common prefix with the one before (the filler up to
+    the earlier key). Small chunks make the suffixes span several forwards."""
+    monkeypatch.setattr(passkey, "CHUNK", 64)
+    apply_method(sdpa_model, parse_methods(method)[0])
+    cache, before = PromptCache(), []
+    for n, d in [(400, 0.1), (600, 0.1), (400, 0.5), (600, 0.9), (600, 0.9), (300, 0.2)]:
+        ids = build_prompt(tok, n, d, seed=f"{n}:{d}:{len(before)}").input_ids
+        common = next((i for i, (a, b) in enumerate(zip(before, ids)) if a != b), 0)
+        reused = cache.reused
+        got = prefill(sdpa_model, ids, cache)
+        assert cache.reused - reused == common
+        assert common > (0.1 * 300 if before else -1)  # the header at least
+        torch.testing.assert_close(got, full_logits(sdpa_model, ids), rtol=0, atol=2e-5)
+        before = ids
+    apply_method(sdpa_model, parse_methods("none")[0])
+
+
+def test_shared_and_full_prompts_give_the_same_cells(tok, sdpa_model, tmp_path):
+    """run_passkey with shared prefixes against every prompt in full through ``generate``:
+    the same replies in every cell; the static methods reuse prefixes, the dynamic one does
+    not (its tables are chosen by the whole prompt's length)."""
+    methods = parse_methods("yarn:4,dynamic_yarn:4,none")
+    cells = {}
+    for share in (True, False):
+        store = CellStore(tmp_path / str(share), ("method", "length", "depth"), {}, resume=False)
+        passkey.run_passkey(
+            sdpa_model, tok, methods, [300, 700], [0.1, 0.6], 2, store, share_prefixes=share
+        )
+        cells[share] = store.done
+    assert cells[True].keys() == cells[False].keys() and len(cells[True]) == 12
+    for key, shared in cells[True].items():
+        full = cells[False][key]
+        assert [a["text"] for a in shared["answers"]] == [a["text"] for a in full["answers"]]
+        assert full["reused_prompt_tokens"] == 0
+        if key[0] == "dynamic_yarn:4":
+            assert shared["reused_prompt_tokens"] == 0
+        else:  # the second trial of a cell reuses everything up to its key
+            assert shared["reused_prompt_tokens"] >= key[2] * key[1] * 0.9
+
+
+def test_which_tables_allow_a_shared_prefix(sdpa_model):
+    for method, shares in [("none", True), ("yarn:4", True), ("ntk:2", True),
+                           ("dynamic_yarn:4", False), ("dynamic_ntk:2", False)]:  # fmt: skip
+        apply_method(sdpa_model, parse_methods(method)[0])
+        assert passkey.shares_prefixes(sdpa_model) is shares, method
+    native = yarnlib.RopeScaling.from_hf(sdpa_model.config)
+    phi = dict(method="longrope", factor=4.0, original_max_position_embeddings=256)
+    checkpoint = native.replace(**phi, short_factor=[1.0] * 8, long_factor=[4.0] * 8)
+    applied = checkpoint.replace(short_factor=[4.0] * 8, attention_factor=1.0)
+    assert checkpoint.tables_depend_on_length and not applied.tables_depend_on_length
+    apply_method(sdpa_model, parse_methods("none")[0])

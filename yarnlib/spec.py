@@ -318,6 +318,15 @@ class RopeScaling:
         return self.method in DYNAMIC
 
     @property
+    def tables_depend_on_length(self) -> bool:
+        """Whether the rotary tables change with the sequence length (the dynamic methods;
+        longrope, short factors up to L and long ones beyond, unless they are equal): keys
+        cached while a sequence was shorter were then rotated by other tables."""
+        if self.method == "longrope":
+            return self.short_factor != self.long_factor
+        return self.is_dynamic
+
+    @property
     def is_applied_longrope(self) -> bool:
         """longrope with equal short and long factors and a fixed attention factor: the form
         ``yarnlib tune`` writes. transformers picks the short factors up to L and the long ones
