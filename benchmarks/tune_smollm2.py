@@ -3,17 +3,20 @@
 1. ``yarnlib tune --space both --proxy-length N/2`` on the calibration plays (OUT/tune);
 2. the best of each space as a spec file (OUT/tuned-yarn.json, OUT/tuned-per-dim.json);
 3. ``yarnlib eval perplexity`` at 8k/16k/32k on the held-out plays: native, yarn:4, ntk:4,
-   dynamic_yarn:4 and both tuned specs (OUT/ppl-*);
-4. ``yarnlib eval passkey`` at 16k/24k/32k, 5 trials x 3 depths, the same rows (OUT/passkey-*);
+   dynamic_yarn:4 and both tuned specs (OUT/ppl);
+4. ``yarnlib eval passkey`` at 16k/24k/32k, 5 trials x 3 depths, the same rows but native
+   (OUT/passkey);
 5. OUT/results.json and a printed table (perplexity, its ratio to native 8k, passkey accuracy);
-   OUT/divisors.png, the divisor per frequency of each tuned spec (benchmarks/plot_tune.py).
+   OUT/divisors.png, the divisor per frequency of the start and each tuned spec with its
+   held-out perplexity at N (benchmarks/plot_tune.py).
 
 Every step resumes: rerun the same command and finished trials and cells are taken from disk.
-The full plan is hours of CPU (a GPU run is minutes); ``--smoke`` runs the same pipeline at a
-pretended original context of 256 tokens (target 1024) in a few minutes, to prove it end to
-end (its numbers mean nothing).
+The default output is tracked in git (benchmarks/results/tune_smollm2): the full plan is about
+a day of CPU here (a GPU run is minutes), so a session commits what it finished and the next
+one goes on from there. ``--smoke`` runs the same pipeline at a pretended original context of
+256 tokens (target 1024) in a few minutes, to prove it end to end (its numbers mean nothing).
 
-    .venv/bin/python benchmarks/tune_smollm2.py --output benchmarks/out/tune_smollm2
+    .venv/bin/python benchmarks/tune_smollm2.py
 """
 
 from __future__ import annotations
@@ -64,7 +67,6 @@ def tune(args, plan: dict, data: Path, output: Path) -> dict:
     argv = [
         "tune", "--model", args.model, "--target-length", str(plan["target"]),
         "--dataset", *(str(data / f"{p}.txt") for p in CALIBRATION),
-        "--held-out", *(str(data / f"{p}.txt") for p in HELD_OUT),
         "--samples", str(plan["samples"]), "--budget", str(plan["budget"]), "--space", "both",
         "--proxy-length", str(plan["target"] // 2), "--output", str(output / "tune"),
     ]  # fmt: skip
@@ -83,29 +85,38 @@ def spec_files(final: dict, output: Path) -> dict[str, Path]:
 
 
 def evaluate(args, plan: dict, data: Path, output: Path, specs: dict[str, Path]) -> dict:
-    """Perplexity and passkey cells: the baselines with the tuned yarn spec, then the tuned
-    per-dim spec (eval takes one spec file per run, and at least one method: its second
-    `none` rows are dropped)."""
+    """Perplexity and passkey cells of the baselines and both tuned specs (rows spec:tuned-*)."""
     factor = plan["target"] / (plan["original"] or 8192)
-    baselines = f"none,yarn:{factor:g},ntk:{factor:g},dynamic_yarn:{factor:g}"
+    baselines = f"yarn:{factor:g},ntk:{factor:g},dynamic_yarn:{factor:g}"
     held_out = [str(data / f"{p}.txt") for p in HELD_OUT]
-    cells: dict[str, list] = {"perplexity": [], "passkey": []}
-    for space, methods in (("yarn", baselines), ("per-dim", "none")):
-        common = ["--model", args.model, "--methods", methods, "--spec", str(specs[space])]
-        common += ["--resume"]
-        ppl, passkey = output / f"ppl-{space}", output / f"passkey-{space}"
-        yarnlib(
-            "eval", "perplexity", *common, "--lengths", plan["ppl_lengths"],
-            "--dataset", *held_out, "--samples", str(plan["samples"]), "--output", str(ppl),
-        )  # fmt: skip
-        yarnlib(
-            "eval", "passkey", *common, "--lengths", plan["passkey_lengths"],
-            "--trials", str(plan["trials"]), "--depths", plan["depths"], "--output", str(passkey),
-        )  # fmt: skip
-        for name, folder in (("perplexity", ppl), ("passkey", passkey)):
-            found = json.loads((folder / f"{name}.json").read_text())["cells"]
-            cells[name] += [c for c in found if space == "yarn" or c["method"] != "none"]
-    return cells
+    common = ["--model", args.model, "--spec", *map(str, specs.values()), "--resume"]
+    yarnlib(
+        "eval", "perplexity", *common, "--methods", f"none,{baselines}",
+        "--lengths", plan["ppl_lengths"], "--dataset", *held_out,
+        "--samples", str(plan["samples"]), "--output", str(output / "ppl"),
+    )  # fmt: skip
+    yarnlib(
+        "eval", "passkey", *common, "--methods", baselines, "--lengths", plan["passkey_lengths"],
+        "--trials", str(plan["trials"]), "--depths", plan["depths"],
+        "--output", str(output / "passkey"),
+    )  # fmt: skip
+    return {
+        name: json.loads((output / folder / f"{name}.json").read_text())["cells"]
+        for name, folder in (("perplexity", "ppl"), ("passkey", "passkey"))
+    }
+
+
+def with_held_out(final: dict, cells: dict, plan: dict) -> dict:
+    """The tune's results with each plotted spec's held-out NLL at N from the perplexity cells
+    (the tune itself runs without --held-out: the evaluation scores the same text)."""
+    factor = plan["target"] / (plan["original"] or 8192)
+    rows = {"start": f"yarn:{factor:g}", "yarn": "spec:tuned-yarn", "per-dim": "spec:tuned-per-dim"}
+    nll = {c["method"]: c["nll"] for c in cells["perplexity"] if c["length"] == plan["target"]}
+    out = dict(final)
+    for role, method in rows.items():
+        measure = f"NLL of the first {plan['target']} tokens of the held-out plays ({method})"
+        out[role] = {**final[role], "held_out": {"objective": nll[method], "measure": measure}}
+    return out
 
 
 def table(cells: dict, plan: dict) -> dict:
@@ -132,7 +143,7 @@ def table(cells: dict, plan: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--output", default="benchmarks/out/tune_smollm2")
+    p.add_argument("--output", default="benchmarks/results/tune_smollm2")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--data", default=str(DEFAULT_DATASET))
     p.add_argument("--budget", type=int, help="tune trials (default 60; smoke 4)")
@@ -147,7 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     specs = spec_files(final, output)
     cells = evaluate(args, plan, data, output, specs)
     rows = table(cells, plan)
-    results = {"plan": plan, "smoke": args.smoke, "tune": final, "rows": rows}
+    results = {
+        "plan": plan, "smoke": args.smoke, "tune": with_held_out(final, cells, plan), "rows": rows
+    }  # fmt: skip
     write_json(output / "results.json", results)
     plot_tune.main([str(output / "results.json"), "--output", str(output / "divisors")])
     print(f"{'method':<22}{'perplexity by length':<36}{'ratio to native':<26}passkey")

@@ -171,18 +171,24 @@ def test_best_spec_exports_natively(searched, searched_per_dim, space, tmp_path,
     assert torch.equal(plain.model.rotary_emb.inv_freq, best.inv_freq())
     assert plain.model.rotary_emb.attention_scaling == pytest.approx(best.attention_factor())
     assert plain.config.max_position_embeddings == N
-    # eval runs the file's exact spec as one more row, as plain transformers runs the export
+    # eval runs each file's exact spec as one more row, as plain transformers runs the export
     data = text_dataset(tmp_path / "data", {"a": 1500})
-    assert main(
-        ["eval", "perplexity", "--model", str(folder), "--methods", "yarn:4", "--spec", str(path),
-         "--dataset", str(data), "--lengths", str(N), "--samples", "1",
-         "--output", str(tmp_path / "ppl")]
-    ) == 0  # fmt: skip
+    start = to_spec(searched.native, L, searched.start)
+    start_path = write_spec_file(tmp_path / "start.json", start)
+    argv = ["eval", "perplexity", "--model", str(folder), "--methods", "yarn:4", "--spec",
+            str(path), str(start_path), "--dataset", str(data), "--lengths", str(N),
+            "--samples", "1", "--output", str(tmp_path / "ppl")]  # fmt: skip
+    assert main(argv) == 0
     cells = json.loads((tmp_path / "ppl" / "perplexity.json").read_text())["cells"]
     nll = {c["method"]: c["nll"] for c in cells}
     tokens = plain_tokens(folder, tmp_path / "data" / "a.txt")
     assert nll["spec:best"] == pytest.approx(float(reference_nll(plain, tokens).mean()), abs=1e-5)
     assert abs(nll["spec:best"] - nll["yarn:4"]) > 1e-2  # the knobs make a difference
+    if space == "yarn":  # the start is the yarn defaults: yarn:4 itself
+        assert nll["spec:start"] == pytest.approx(nll["yarn:4"], abs=1e-6)
+    twice = [*argv[:7], str(path), str(tmp_path / "x" / "best.json"), *argv[9:]]
+    (tmp_path / "x" / "best.json").write_bytes(path.read_bytes())
+    assert main(twice) == 2  # two rows spec:best: refused, naming the field
     # reset gives back the native files; applying again writes the same files (no compounding)
     written = {f.name: f.read_bytes() for f in (tmp_path / "x").glob("*.json")}
     assert main(["config", str(tmp_path / "x"), "--reset", "--in-place"]) == 0

@@ -59,16 +59,28 @@ def prepare(args, lengths):
         raise ValueError(f"dtype: {args.dtype!r}; allowed: {', '.join(DTYPES)}")
     methods = parse_methods(args.methods, args.factor)
     native = check_methods(load_config(args.model), methods)
-    if args.spec:  # one more row: exactly the spec in the file, labelled spec:NAME
-        spec = spec_on_model(args.spec, native)
-        methods.append(Method(spec.method, spec.factor, spec, f"spec:{Path(args.spec).stem}"))
+    for path in spec_paths(args):  # one more row each: exactly the file's spec, spec:NAME
+        spec = spec_on_model(path, native)
+        methods.append(Method(spec.method, spec.factor, spec, f"spec:{path.stem}"))
     return methods, native.original_max_position_embeddings
+
+
+def spec_paths(args) -> list[Path]:
+    paths = [Path(p) for p in args.spec or []]
+    names = [p.stem for p in paths]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(
+                f"spec: two files named {name!r} ({', '.join(map(str, paths))}); allowed: files "
+                "with distinct names (each is the row spec:NAME)"
+            )
+    return paths
 
 
 def settings(args, *fields) -> dict:
     given = {f: getattr(args, f) for f in fields}
-    if args.spec:  # the file's content: an edited spec file must not reuse the old cells
-        given["spec"] = read_spec_file(args.spec).fields()
+    if args.spec:  # the files' content: an edited spec file must not reuse the old cells
+        given["spec"] = {p.stem: read_spec_file(p).fields() for p in spec_paths(args)}
     return {"model": args.model, "dtype": args.dtype, **given}
 
 
@@ -212,7 +224,10 @@ def common(parser, lengths: str, output: str) -> None:
         help=f"comma-separated METHOD[:FACTOR]; methods: {', '.join(METHODS)}",
     )
     parser.add_argument("--factor", type=float, default=2.0, help="factor when none is given")
-    parser.add_argument("--spec", metavar="FILE", help="also run this spec file (best.json)")
+    parser.add_argument(
+        "--spec", metavar="FILE", nargs="+", help="also run these spec files (best.json), a row "
+        "spec:NAME each",
+    )  # fmt: skip
     parser.add_argument("--lengths", default=lengths, help="comma-separated token lengths")
     parser.add_argument("--output", default=output, help="folder for every result file")
     parser.add_argument("--resume", action="store_true", help="skip cells already in the JSONL")
