@@ -117,7 +117,7 @@ def test_prefill_from_a_shared_prefix_equals_a_full_forward(tok, sdpa_model, met
     cache, before = PromptCache(), []
     for n, d in [(400, 0.1), (600, 0.1), (400, 0.5), (600, 0.9), (600, 0.9), (300, 0.2)]:
         ids = build_prompt(tok, n, d, seed=f"{n}:{d}:{len(before)}").input_ids
-        common = next((i for i, (a, b) in enumerate(zip(before, ids)) if a != b), 0)
+        common = next((i for i, (a, b) in enumerate(zip(before, ids, strict=False)) if a != b), 0)
         reused = cache.reused
         got = prefill(sdpa_model, ids, cache)
         assert cache.reused - reused == common
