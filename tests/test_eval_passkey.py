@@ -102,41 +102,53 @@ def sdpa_model():
 
 
 @torch.no_grad()
-def full_logits(model, ids):
-    return model(input_ids=torch.tensor([ids])).logits[0, -1]
+def generated_logits(model, ids, max_new_tokens=8):
+    """The logits ``generate`` picks the first new token from (the whole prompt at once)."""
+    out = model.generate(
+        input_ids=torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+        output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+    )  # fmt: skip
+    return out.logits[0][0]
 
 
-@pytest.mark.parametrize("method", ["none", "yarn:4", "ntk:2"])
+@pytest.mark.parametrize("method", ["none", "yarn:4", "ntk:2", "dynamic_yarn:4"])
 def test_prefill_from_a_shared_prefix_equals_a_full_forward(tok, sdpa_model, method, monkeypatch):
     """Prompts of several lengths and depths, each after the one before in one cache: the
-    logits of the last prompt token equal a forward of the whole prompt (float32: 2e-5), and
+    logits of the last prompt token equal generate's on the whole prompt (float32: 2e-5), and
     the cache reused exactly each prompt's common prefix with the one before (the filler up to
-    the earlier key). Small chunks make the suffixes span several forwards."""
+    the earlier key) where it is long enough, and for dynamic tables only at the same length.
+    Small chunks make the suffixes span several forwards."""
     monkeypatch.setattr(passkey, "CHUNK", 64)
     apply_method(sdpa_model, parse_methods(method)[0])
-    cache, before = PromptCache(), []
-    for n, d in [(400, 0.1), (600, 0.1), (400, 0.5), (600, 0.9), (600, 0.9), (300, 0.2)]:
+    dynamic = method.startswith("dynamic")
+    cache, before, reuses = PromptCache(same_length_only=dynamic), [], []
+    for n, d in [(400, 0.1), (600, 0.3), (600, 0.5), (400, 0.9), (600, 0.9), (600, 0.1)]:
         ids = build_prompt(tok, n, d, seed=f"{n}:{d}:{len(before)}").input_ids
         common = next((i for i, (a, b) in enumerate(zip(before, ids, strict=False)) if a != b), 0)
+        if common < passkey.MIN_REUSE * n or (dynamic and len(before) != n):
+            common = 0
         reused = cache.reused
-        got = prefill(sdpa_model, ids, cache)
-        assert cache.reused - reused == common
-        assert common > (0.1 * 300 if before else -1)  # the header at least
-        torch.testing.assert_close(got, full_logits(sdpa_model, ids), rtol=0, atol=2e-5)
+        with passkey.declared(sdpa_model, n + 8):  # what answer() declares
+            got = prefill(sdpa_model, ids, cache)
+        want = generated_logits(sdpa_model, ids)
+        reuses.append(cache.reused - reused)
+        assert reuses[-1] == common
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
         before = ids
+    assert reuses == ([0, 0, 238, 0, 0, 157] if dynamic else [0, 0, 238, 301, 301, 157])
     apply_method(sdpa_model, parse_methods("none")[0])
 
 
 def test_shared_and_full_prompts_give_the_same_cells(tok, sdpa_model, tmp_path):
     """run_passkey with shared prefixes against every prompt in full through ``generate``:
-    the same replies in every cell; the static methods reuse prefixes, the dynamic one does
-    not (its tables are chosen by the whole prompt's length)."""
+    the same replies in every cell, static and dynamic; a cell's later trials reuse the
+    prompt up to its key."""
     methods = parse_methods("yarn:4,dynamic_yarn:4,none")
     cells = {}
     for share in (True, False):
         store = CellStore(tmp_path / str(share), ("method", "length", "depth"), {}, resume=False)
         passkey.run_passkey(
-            sdpa_model, tok, methods, [300, 700], [0.1, 0.6], 2, store, share_prefixes=share
+            sdpa_model, tok, methods, [300, 700], [0.6, 0.3], 2, store, share_prefixes=share
         )
         cells[share] = store.done
     assert cells[True].keys() == cells[False].keys() and len(cells[True]) == 12
@@ -144,17 +156,14 @@ def test_shared_and_full_prompts_give_the_same_cells(tok, sdpa_model, tmp_path):
         full = cells[False][key]
         assert [a["text"] for a in shared["answers"]] == [a["text"] for a in full["answers"]]
         assert full["reused_prompt_tokens"] == 0
-        if key[0] == "dynamic_yarn:4":
-            assert shared["reused_prompt_tokens"] == 0
-        else:  # the second trial of a cell reuses everything up to its key
-            assert shared["reused_prompt_tokens"] >= key[2] * key[1] * 0.9
+        assert shared["reused_prompt_tokens"] >= key[2] * key[1] * 0.9
 
 
-def test_which_tables_allow_a_shared_prefix(sdpa_model):
-    for method, shares in [("none", True), ("yarn:4", True), ("ntk:2", True),
-                           ("dynamic_yarn:4", False), ("dynamic_ntk:2", False)]:  # fmt: skip
+def test_which_tables_depend_on_the_length(sdpa_model):
+    for method, depends in [("none", False), ("yarn:4", False), ("ntk:2", False),
+                            ("dynamic_yarn:4", True), ("dynamic_ntk:2", True)]:  # fmt: skip
         apply_method(sdpa_model, parse_methods(method)[0])
-        assert passkey.shares_prefixes(sdpa_model) is shares, method
+        assert passkey.tables_depend_on_length(sdpa_model) is depends, method
     native = yarnlib.RopeScaling.from_hf(sdpa_model.config)
     phi = dict(method="longrope", factor=4.0, original_max_position_embeddings=256)
     checkpoint = native.replace(**phi, short_factor=[1.0] * 8, long_factor=[4.0] * 8)

@@ -4,15 +4,16 @@ length with the key at an exact depth, plus a harder variant with distractor key
 Prompts are assembled from token ids (header, filler, key line, filler, question), so the
 length and depth are exact for the tokenizer at hand; every method sees the same prompts.
 
-Every prompt starts with the same header and filler up to its key, so a method whose rotary
-tables do not depend on the length reuses the KV cache of the previous prompt for that common
-prefix (cells run in the order of their key position): only the rest is computed, in chunks.
-Attention is causal, so the answer is the one of a full forward, up to float rounding. The
-dynamic methods scale by the whole prompt's length and always run each prompt in full.
+Every prompt starts with the same header and filler up to its key, so a prompt reuses the KV
+cache of the previous one for that common prefix (cells run by length, then depth) and
+computes only the rest, in chunks. Attention is causal, so the answer is the one of a full
+forward, up to float rounding. Where the tables depend on the length (dynamic methods), only
+prompts of one length share, with the scale fixed at prompt + new tokens as ``generate`` does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from transformers import DynamicCache
 from yarnlib.eval.measure import Meter
 from yarnlib.eval.methods import Method, apply_method
 from yarnlib.eval.store import CellStore
-from yarnlib.patches.patch import patch_state
+from yarnlib.patches.patch import declare_length, patch_state
 from yarnlib.spec import RopeScaling
 
 TASK = (
@@ -122,35 +123,57 @@ def parse_answer(text: str) -> int | None:
 # Tokens per forward after a reused prefix: such a forward attends through an explicit mask
 # (no causal block skipping), so the masked triangle of each chunk is computed for nothing.
 CHUNK = 2048
+# A shorter common prefix is recomputed: the masked attention after it would cost more than
+# the causal kernel's single pass saves (on CPU a masked key costs about 1.2x a causal one).
+MIN_REUSE = 0.25
 
 
 class PromptCache:
-    """The KV cache of the prompt a model answered last, for the next prompt's common prefix."""
+    """The KV cache of the prompt a model answered last, for the next prompt's common prefix.
+    ``same_length_only``: the model's tables depend on the length (dynamic methods), so only
+    a prompt of the same length may reuse it."""
 
-    def __init__(self):
+    def __init__(self, same_length_only: bool = False):
+        self.same_length_only = same_length_only
         self.ids: list[int] = []
         self.kv = DynamicCache()
         self.reused = 0  # prompt tokens taken from the cache instead of computed
 
     def prefix(self, ids: list[int]) -> int:
-        """Crop the cache to its common prefix with ``ids`` (at least the last token of ``ids``
-        is left to compute) and return that prefix's length."""
+        """Crop the cache to the prefix ``ids`` reuses (their common prefix, leaving at least
+        the last token of ``ids`` to compute; none if too short) and return its length."""
         n = 0
-        for a, b in zip(self.ids, ids[:-1], strict=False):
-            if a != b:
-                break
-            n += 1
-        self.kv.crop(n)
+        if not (self.same_length_only and len(ids) != len(self.ids)):
+            for a, b in zip(self.ids, ids[:-1], strict=False):
+                if a != b:
+                    break
+                n += 1
+        if n < MIN_REUSE * len(ids):
+            n = 0
+        surplus = self.kv.get_seq_length() - n  # decoded tokens included
+        if n == 0:
+            self.kv = DynamicCache()
+        elif surplus > 0:
+            self.kv.crop(-surplus)  # a count from the end: what transformers 4.5x and 5.x share
         self.ids = self.ids[:n]
         self.reused += n
         return n
 
 
-def shares_prefixes(model) -> bool:
-    """Whether the rotary tables ``model`` runs are the same at every length."""
+def tables_depend_on_length(model) -> bool:
+    """Whether the rotary tables ``model`` runs change with the sequence length."""
     state = patch_state(model)
     spec = state.spec if state is not None else RopeScaling.from_hf(model.config)
-    return not spec.tables_depend_on_length
+    return spec.tables_depend_on_length
+
+
+def declared(model, length: int):
+    """A dynamic method patched by yarnlib fixes its scale at ``length`` (as ``generate`` does
+    for prompt + max_new_tokens), so every prompt of one length shares one set of tables."""
+    state = patch_state(model)
+    if state is None or not state.spec.is_dynamic:
+        return contextlib.nullcontext()
+    return declare_length(model, length)
 
 
 @torch.no_grad()
@@ -175,13 +198,14 @@ def answer(model, tokenizer, prompt: Prompt, max_new_tokens=8, cache: PromptCach
     if cache is None:
         return _generate(model, tokenizer, prompt, max_new_tokens)
     device = next(model.parameters()).device
-    logits = prefill(model, prompt.input_ids, cache)
     stop = _eos_ids(model, tokenizer)
-    new = [int(logits.argmax())]
-    while new[-1] not in stop and len(new) < max_new_tokens:
-        step = torch.tensor([[new[-1]]], device=device)
-        logits = model(input_ids=step, past_key_values=cache.kv, use_cache=True).logits[0, -1]
-        new.append(int(logits.argmax()))
+    with declared(model, len(prompt.input_ids) + max_new_tokens):
+        logits = prefill(model, prompt.input_ids, cache)
+        new = [int(logits.argmax())]
+        while new[-1] not in stop and len(new) < max_new_tokens:
+            step = torch.tensor([[new[-1]]], device=device)
+            logits = model(input_ids=step, past_key_values=cache.kv, use_cache=True).logits
+            new.append(int(logits[0, -1].argmax()))
     return tokenizer.decode(new, skip_special_tokens=True)
 
 
@@ -209,12 +233,6 @@ def _generate(model, tokenizer, prompt: Prompt, max_new_tokens: int) -> str:
     return tokenizer.decode(output[0, ids.shape[1] :], skip_special_tokens=True)
 
 
-def key_order(tokenizer, cell: tuple, distractors: int) -> tuple[float, int]:
-    """Where a cell's key sits: cells in this order share the longest prefixes."""
-    _, n, d = cell
-    return d * (n - min_length(tokenizer, distractors)), n
-
-
 def run_passkey(
     model,
     tokenizer,
@@ -239,7 +257,7 @@ def run_passkey(
         if not store.has(method=m.label, length=n, depth=d)
     ]
     order = {m: i for i, m in enumerate(methods)}
-    cells.sort(key=lambda c: (order[c[0]], *key_order(tokenizer, c, distractors)))
+    cells.sort(key=lambda c: (order[c[0]], c[1], c[2]))  # keys deeper and deeper: longer reuse
     if max_cells is not None:
         cells = cells[:max_cells]
     computed = []
@@ -251,7 +269,9 @@ def run_passkey(
             if m != running:
                 apply_method(model, m)
                 running = m
-                cache = PromptCache() if share_prefixes and shares_prefixes(model) else None
+                cache = None
+                if share_prefixes:
+                    cache = PromptCache(same_length_only=tables_depend_on_length(model))
             bar.set_postfix_str(f"{m.label} @ {n}, depth {d:.0%}")
             results = []
             reused = cache.reused if cache is not None else 0
