@@ -78,6 +78,8 @@ def test_passkey_outputs_and_resume(model_dir, tmp_path, capsys):
     assert "computed 5 cells" in capsys.readouterr().out
     result = json.loads((out / "passkey.json").read_text())
     assert len(result["cells"]) == 8
+    trials = (out / "passkey_trials.jsonl").read_text().splitlines()  # every trial, once
+    assert sorted(json.loads(t)["trial"] for t in trials) == [0] * 8 + [1] * 8
     cell = result["cells"][0]
     assert cell["trials"] == 2 and 0 <= cell["accuracy"] <= 1 and len(cell["answers"]) == 2
     assert (out / "passkey.png").stat().st_size > 0

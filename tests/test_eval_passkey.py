@@ -170,3 +170,41 @@ def test_which_tables_depend_on_the_length(sdpa_model):
     applied = checkpoint.replace(short_factor=[4.0] * 8, attention_factor=1.0)
     assert checkpoint.tables_depend_on_length and not applied.tables_depend_on_length
     apply_method(sdpa_model, parse_methods("none")[0])
+
+
+def test_a_killed_cell_resumes_from_its_last_trial(tok, sdpa_model, tmp_path, monkeypatch):
+    """Killed inside a cell, a resumed run computes only the trials missing from the trial
+    store and ends with the cells of a run never killed (the first cell whole, the second
+    with its one finished trial taken from disk)."""
+    keys = ("method", "length", "depth")
+    run = (sdpa_model, tok, parse_methods("yarn:4"), [300], [0.6, 0.3], 3)
+
+    def stores(folder, resume):
+        cells = CellStore(tmp_path / folder, keys, {}, resume)
+        return cells, CellStore(tmp_path / folder, (*keys, "trial"), {}, resume, passkey.TRIALS)
+
+    whole, _ = stores("whole", False)
+    passkey.run_passkey(*run, whole)
+    real, calls = passkey.answer, []
+
+    def answer(*args, kill_after=None):
+        if len(calls) == kill_after:
+            raise KeyboardInterrupt
+        calls.append(args[2].key)
+        return real(*args)
+
+    monkeypatch.setattr(passkey, "answer", lambda *args: answer(*args, kill_after=4))
+    cells, trials = stores("killed", False)
+    with pytest.raises(KeyboardInterrupt):
+        passkey.run_passkey(*run, cells, trial_store=trials)
+    assert (len(cells.done), len(trials.done)) == (1, 4)
+
+    calls.clear()
+    monkeypatch.setattr(passkey, "answer", answer)
+    cells, trials = stores("killed", True)
+    passkey.run_passkey(*run, cells, trial_store=trials)
+    assert len(calls) == 2 and len(trials.done) == 6
+    assert cells.done.keys() == whole.done.keys()
+    for key, cell in whole.done.items():
+        assert cells.done[key]["answers"] == cell["answers"], key
+    assert cells.done[("yarn:4", 300, 0.6)]["resumed_trials"] == 1

@@ -154,7 +154,7 @@ def run_perplexity_cli(args) -> int:
 
 
 def run_passkey_cli(args) -> int:
-    from yarnlib.eval.passkey import min_length, run_passkey
+    from yarnlib.eval.passkey import TRIALS, min_length, run_passkey
     from yarnlib.eval.perplexity import table
     from yarnlib.eval.plots import plot_passkey
 
@@ -172,11 +172,13 @@ def run_passkey_cli(args) -> int:
     store = CellStore(args.output, keys, settings(args, *fields), args.resume)
     computed = []
     if not store.complete(methods, lengths, depths):
+        trial_store = CellStore(args.output, (*keys, "trial"), store.settings, args.resume, TRIALS)
         model, _ = load_model(args.model, DTYPES[args.dtype])
         model.to(run_device())
         computed = run_passkey(
             model, tokenizer, methods, lengths, depths, args.trials, store,
             args.seed, args.distractors, args.max_new_tokens, args.max_cells,
+            trial_store=trial_store,
         )  # fmt: skip
     records = list(store.done.values())
     finish(store, "passkey", computed, len(methods) * len(lengths) * len(depths), {})

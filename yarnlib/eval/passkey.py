@@ -120,6 +120,8 @@ def parse_answer(text: str) -> int | None:
     return int(re.sub(r"[,_ ]", "", match.group()))
 
 
+TRIALS = "passkey_trials.jsonl"  # one line per finished trial, beside the cells
+
 # Tokens per forward after a reused prefix: such a forward attends through an explicit mask
 # (no causal block skipping), so the masked triangle of each chunk is computed for nothing.
 CHUNK = 2048
@@ -246,9 +248,12 @@ def run_passkey(
     max_new_tokens: int = 8,
     max_cells: int | None = None,
     share_prefixes: bool = True,
+    trial_store: CellStore | None = None,
 ) -> list[tuple]:
     """Compute every missing (method, length, depth) cell into ``store``; returns those computed.
-    ``share_prefixes=False`` runs every prompt in full (the reference for the shared path)."""
+    ``share_prefixes=False`` runs every prompt in full (the reference for the shared path).
+    ``trial_store`` (keys method, length, depth, trial) holds each finished trial, so a run
+    killed inside a cell (tens of minutes at 32k on a CPU) resumes from its last trial."""
     cells = [
         (m, n, d)
         for m in methods
@@ -273,13 +278,23 @@ def run_passkey(
                 if share_prefixes:
                     cache = PromptCache(same_length_only=tables_depend_on_length(model))
             bar.set_postfix_str(f"{m.label} @ {n}, depth {d:.0%}")
-            results = []
+            results, resumed = [], 0
             reused = cache.reused if cache is not None else 0
             with Meter(device) as meter:
                 for trial in range(trials):
-                    prompt = build_prompt(tokenizer, n, d, f"{seed}:{n}:{d}:{trial}", distractors)
-                    text = answer(model, tokenizer, prompt, max_new_tokens, cache)
-                    results.append({"key": prompt.key, "answer": parse_answer(text), "text": text})
+                    key = dict(method=m.label, length=n, depth=d, trial=trial)
+                    if trial_store is not None and trial_store.has(**key):
+                        done = trial_store.done[trial_store.key(key)]
+                        results.append({f: done[f] for f in ("key", "answer", "text")})
+                        resumed += 1
+                    else:
+                        seed_text = f"{seed}:{n}:{d}:{trial}"
+                        prompt = build_prompt(tokenizer, n, d, seed_text, distractors)
+                        text = answer(model, tokenizer, prompt, max_new_tokens, cache)
+                        result = {"key": prompt.key, "answer": parse_answer(text), "text": text}
+                        results.append(result)
+                        if trial_store is not None:
+                            trial_store.add({**key, **result})
                     bar.update(n)
             correct = sum(r["answer"] == r["key"] for r in results)
             store.add(
@@ -295,7 +310,8 @@ def run_passkey(
                     "distractors": distractors,
                     "answers": results,
                     "reused_prompt_tokens": (cache.reused if cache is not None else 0) - reused,
-                    **meter.fields(n * trials),
+                    "resumed_trials": resumed,  # taken from trial_store: not in the timing
+                    **meter.fields(n * (trials - resumed)),
                 }
             )
             computed.append((m.label, n, d))
