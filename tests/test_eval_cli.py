@@ -9,7 +9,10 @@ from test_eval_support import text_dataset, tiny_folder
 
 import yarnlib.eval.cli as eval_cli
 from yarnlib.cli import main
+from yarnlib.eval.methods import check_methods, parse_methods
 from yarnlib.eval.store import CellStore
+from yarnlib.models import load_config
+from yarnlib.spec_file import write_spec_file
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +86,29 @@ def test_passkey_outputs_and_resume(model_dir, tmp_path, capsys):
     cell = result["cells"][0]
     assert cell["trials"] == 2 and 0 <= cell["accuracy"] <= 1 and len(cell["answers"]) == 2
     assert (out / "passkey.png").stat().st_size > 0
+
+
+def test_an_edited_spec_file_recomputes_its_own_row_only(model_dir, data_dir, tmp_path, capsys):
+    native = check_methods(load_config(str(model_dir)), parse_methods("none"))
+    yarn = native.replace(method="yarn", factor=2.0)
+    kept = write_spec_file(tmp_path / "kept.json", yarn.replace(beta_fast=16.0))
+    edited = write_spec_file(tmp_path / "edited.json", yarn.replace(attention_factor=1.1))
+    out = tmp_path / "ppl"
+    args = ["eval", "perplexity", "--model", str(model_dir), "--dataset", str(data_dir),
+            "--methods", "yarn:2", "--spec", str(kept), str(edited), "--lengths", "384",
+            "--samples", "1", "--output", str(out), "--resume"]  # fmt: skip
+    assert main(args) == 0
+    before = {c["method"]: c for c in cells(out)}
+    write_spec_file(edited, yarn.replace(attention_factor=1.3))
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "computed 1 cells" in capsys.readouterr().out
+    after = json.loads((out / "perplexity.json").read_text())
+    nll = {c["method"]: c["nll"] for c in after["cells"]}
+    for row in ("yarn:2", "spec:kept"):  # taken from disk
+        assert nll[row] == before[row]["nll"]
+    assert abs(nll["spec:edited"] - before["spec:edited"]["nll"]) > 1e-3  # attention 1.3, not 1.1
+    assert after["row_settings"]["spec:edited"]["attention_factor"] == 1.3
 
 
 @pytest.fixture

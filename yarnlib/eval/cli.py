@@ -16,7 +16,7 @@ from yarnlib.eval.methods import Method, check_methods, parse_methods
 from yarnlib.eval.store import CELLS, CellStore
 from yarnlib.models import load_config, load_model, resolve
 from yarnlib.spec import METHODS
-from yarnlib.spec_file import read_spec_file, spec_on_model
+from yarnlib.spec_file import spec_on_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TASKS_DIR = Path(__file__).parent / "tasks"
@@ -79,9 +79,12 @@ def spec_paths(args) -> list[Path]:
 
 def settings(args, *fields) -> dict:
     given = {f: getattr(args, f) for f in fields}
-    if args.spec:  # the files' content: an edited spec file must not reuse the old cells
-        given["spec"] = {p.stem: read_spec_file(p).fields() for p in spec_paths(args)}
     return {"model": args.model, "dtype": args.dtype, **given}
+
+
+def row_settings(methods) -> dict[str, dict]:
+    """Each spec row's exact spec: an edited spec file recomputes that row only."""
+    return {m.label: m.spec.fields() for m in methods if m.spec is not None}
 
 
 def run_device() -> str:
@@ -135,7 +138,10 @@ def run_perplexity_cli(args) -> int:
     tokens = [torch.tensor(tokenizer(text)["input_ids"]) for _, text in docs]
     chosen, skipped = select_samples([len(t) for t in tokens], lengths, args.samples)
     fields = ("dataset", "text_column", "split", "samples", "window", "stride")
-    store = CellStore(args.output, ("method", "length"), settings(args, *fields), args.resume)
+    store = CellStore(
+        args.output, ("method", "length"), settings(args, *fields), args.resume,
+        row_settings=row_settings(methods),
+    )  # fmt: skip
     computed = []
     if not store.complete(methods, lengths):
         model, _ = load_model(args.model, DTYPES[args.dtype])
@@ -169,10 +175,13 @@ def run_passkey_cli(args) -> int:
         raise ValueError(f"lengths: {lengths[0]} is shorter than the prompt's {shortest} tokens")
     fields = ("trials", "seed", "distractors", "max_new_tokens")
     keys = ("method", "length", "depth")
-    store = CellStore(args.output, keys, settings(args, *fields), args.resume)
+    rows = row_settings(methods)
+    store = CellStore(args.output, keys, settings(args, *fields), args.resume, row_settings=rows)
     computed = []
     if not store.complete(methods, lengths, depths):
-        trial_store = CellStore(args.output, (*keys, "trial"), store.settings, args.resume, TRIALS)
+        trial_store = CellStore(
+            args.output, (*keys, "trial"), store.settings, args.resume, TRIALS, rows
+        )
         model, _ = load_model(args.model, DTYPES[args.dtype])
         model.to(run_device())
         computed = run_passkey(

@@ -28,7 +28,10 @@ class CellStore:
         settings: dict,
         resume: bool,
         filename: str = CELLS,
+        row_settings: dict[str, dict] | None = None,
     ):
+        """``row_settings``: what else makes one method's cells comparable (a spec file's
+        content, by row label): an edited file recomputes its own row, not the others."""
         self.output = Path(output)
         self.path = self.output / filename
         try:
@@ -42,6 +45,8 @@ class CellStore:
             raise ValueError(f"output: {self.path} is not a file; allowed: {filename} as a file")
         self.key_fields = key_fields
         self.settings = settings
+        self.row_settings = row_settings or {}
+        self.ids = {m: settings_id({**settings, "row": r}) for m, r in self.row_settings.items()}
         self.id = settings_id(settings)
         self.done: dict[tuple, dict] = {}
         self.cut_short = False  # the last line lacks its newline: a kill during an append
@@ -54,7 +59,7 @@ class CellStore:
                 except json.JSONDecodeError:  # a line cut short by a kill
                     continue
                 self._check(record, number)
-                if record["settings_id"] == self.id:
+                if record["settings_id"] == self.id_of(record):
                     self.done[self.key(record)] = record
         else:
             self.path.write_text("")  # a fresh run starts a fresh file
@@ -69,6 +74,9 @@ class CellStore:
                 f" in {json.dumps(record)[:80]}); allowed: lines this command wrote. Delete the "
                 "line, or run without --resume to start over"
             )
+
+    def id_of(self, record: dict) -> str:
+        return self.ids.get(record.get("method"), self.id)
 
     def key(self, record: dict) -> tuple:
         return tuple(record[f] for f in self.key_fields)
@@ -87,7 +95,7 @@ class CellStore:
         return all(self.has(**cell) for cell in cells)
 
     def add(self, record: dict) -> None:
-        record = {**record, "settings_id": self.id}
+        record = {**record, "settings_id": self.id_of(record)}
         # Rewrite-free append, flushed to disk: a kill loses at most the cell in progress.
         with self.path.open("a") as f:
             # a new line after a cut-short one: appended to it, this cell would be lost too
@@ -101,7 +109,8 @@ class CellStore:
         """``{name}.json`` (settings + cells + extra) and ``{name}.csv`` (one row per cell)."""
         cells = list(self.done.values())
         json_path = self.output / f"{name}.json"
-        payload = {"settings": self.settings, "cells": cells, **(extra or {})}
+        rows = {"row_settings": self.row_settings} if self.row_settings else {}
+        payload = {"settings": self.settings, **rows, "cells": cells, **(extra or {})}
         json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
         csv_path = self.output / f"{name}.csv"
         columns: list[str] = []
