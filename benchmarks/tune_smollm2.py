@@ -9,7 +9,7 @@
 4. ``yarnlib eval passkey`` at 16k/24k/32k, 5 trials x 3 depths, the same rows but native
    (OUT/passkey), in bfloat16 (angles stay float32): as served on a GPU, and about 3x faster
    here than float32 (the CPU's AMX units); the perplexity stays float32;
-5. OUT/results.json and a printed table (perplexity, its ratio to native 8k, passkey accuracy);
+5. OUT/results.json and OUT/table.md, printed (perplexity, its ratio to native 8k, passkey);
    OUT/divisors.png, the divisor per frequency of the start and each tuned spec with its
    held-out perplexity at N (benchmarks/plot_tune.py).
 
@@ -150,6 +150,28 @@ def table(cells: dict, plan: dict) -> dict:
     return rows
 
 
+def markdown_table(rows: dict, plan: dict) -> str:
+    """The table of docs/results.md: perplexity per length, the last one's ratio to native at
+    the first, passkey accuracy per length (mean over depths; '-' where not run)."""
+    ppl_lengths = [int(n) for n in plan["ppl_lengths"].split(",")]
+    key_lengths = [int(n) for n in plan["passkey_lengths"].split(",")]
+    first, last = ppl_lengths[0], ppl_lengths[-1]
+    head = [
+        "method", *(f"ppl {n}" for n in ppl_lengths), f"ppl {last} / native {first}",
+        *(f"passkey {n}" for n in key_lengths),
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for method, row in rows.items():
+        ratio = row["ratio_to_native"].get(last)
+        cells = [
+            f"`{method}`", *(f"{row['perplexity'][n]:.2f}" for n in ppl_lengths),
+            "-" if ratio is None else f"{ratio:.3f}",
+            *("-" if n not in row["passkey"] else f"{row['passkey'][n]:.0%}" for n in key_lengths),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output", default="benchmarks/results/tune_smollm2")
@@ -172,12 +194,9 @@ def main(argv: list[str] | None = None) -> None:
     }  # fmt: skip
     write_json(output / "results.json", results)
     plot_tune.main([str(output / "results.json"), "--output", str(output / "divisors")])
-    print(f"{'method':<22}{'perplexity by length':<36}{'ratio to native':<26}passkey")
-    for method, row in rows.items():
-        ppl = " ".join(f"{n}:{v:.2f}" for n, v in row["perplexity"].items())
-        ratio = " ".join(f"{v:.3f}" for v in row["ratio_to_native"].values())
-        keys = " ".join(f"{n}:{v:.0%}" for n, v in row["passkey"].items())
-        print(f"{method:<22}{ppl:<36}{ratio:<26}{keys}")
+    markdown = markdown_table(rows, plan)
+    (output / "table.md").write_text(markdown)
+    print(markdown, end="")
     print(f"results: {output / 'results.json'}")
 
 
