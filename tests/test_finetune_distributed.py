@@ -19,14 +19,23 @@ from yarnlib.finetune.cli import parse_args
 from yarnlib.finetune.loop import train
 
 REPO = Path(__file__).resolve().parents[1]
-# each rank writes its weights (the process group is gone after accelerate's end_training)
+# each rank writes its weights (the process group is gone after accelerate's end_training);
+# rank 1 is slow to save, as a loaded rank is: the main process must not move the staging
+# folder while another rank still writes into it
 SCRIPT = """
-import os, sys
+import os, sys, time
 import torch
+import transformers
 from accelerate.state import PartialState
 from yarnlib.finetune.cli import parse_args
 from yarnlib.finetune.loop import train
 
+if os.environ["RANK"] == "1":
+    save = transformers.PreTrainedModel.save_pretrained
+    def late_save(self, *args, **kwargs):
+        time.sleep(2)
+        return save(self, *args, **kwargs)
+    transformers.PreTrainedModel.save_pretrained = late_save
 args = parse_args(sys.argv[2:])
 result = train(args)
 flat = torch.cat([p.detach().flatten() for p in result.model.parameters()])
@@ -74,7 +83,11 @@ def test_two_processes_agree_on_the_weights(tmp_path):
     initial = AutoModelForCausalLM.from_pretrained(model)
     start = torch.cat([p.detach().flatten() for p in initial.parameters()])
     assert (ranks[0]["weights"] - start).abs().max() > 1e-4
-    assert (tmp_path / "run" / "model" / "config.json").is_file()
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
+    assert torch.equal(
+        torch.cat([p.detach().flatten() for p in saved.parameters()]), ranks[0]["weights"]
+    )
+    assert not (tmp_path / "run" / "model.tmp").exists()  # the slow rank wrote into no stray copy
     # Each rank must train on its own half of the global batch: one process accumulating both
     # halves ends where the two did (had both ranks read the same rows, it would not).
     single = train(parse_args([*common, "--grad-accum", "2", "--output", str(tmp_path / "one")]))

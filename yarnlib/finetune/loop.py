@@ -350,6 +350,9 @@ def save_model(accelerator, model, tokenizer, folder: Path, lora: bool) -> Path:
         save_function=accelerator.save,
         state_dict=state,
     )
+    # transformers 4.x writes the weights from every rank: none may still be writing into
+    # the staging folder when the main process renames it
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         tokenizer.save_pretrained(staging)
         shutil.rmtree(folder, ignore_errors=True)
