@@ -4,6 +4,7 @@ the proxy's ranking report holds the numbers of its trials."""
 
 import copy
 import json
+import math
 import signal
 from pathlib import Path
 
@@ -20,8 +21,10 @@ from yarnlib.spec import RopeScaling
 from yarnlib.spec_file import read_spec_file, write_spec_file
 from yarnlib.tune.search import (
     Search,
+    first_slow,
     objective,
     per_dim_point,
+    repaired,
     spearman,
     start_point,
     to_spec,
@@ -77,11 +80,11 @@ def per_dim_task():
     )  # fmt: skip
 
 
-def run_search(task, path, space, budget):
+def run_search(task, path, space, budget, slow_in_range=False):
     model, samples = task
     native = RopeScaling.from_hf(model.config)
     store = CellStore(path, ("key",), {}, True, "trials.jsonl")
-    search = Search(model, samples, native, L, N, store, budget=budget)
+    search = Search(model, samples, native, L, N, store, budget=budget, slow_in_range=slow_in_range)
     search.run(seed=0, space=space)
     return search
 
@@ -152,6 +155,26 @@ def test_per_dim_search_beats_its_start(per_dim_task, searched_per_dim):
     assert spec.is_applied_longrope and spec.max_position_embeddings == N
     expected = reference_nll_beyond_original(model, samples, spec)
     assert best["objective"] == pytest.approx(expected, abs=2e-4)
+
+
+def test_first_slow_is_the_first_wavelength_beyond_the_original_context(per_dim_task):
+    native = RopeScaling.from_hf(per_dim_task[0].config)  # theta 50000, rotary_dim 16, L 128
+    wavelengths = [2 * math.pi * 50000.0 ** (2 * i / 16) for i in range(8)]  # 6.3, 24, 94, 364..
+    assert first_slow(native, L) == next(i for i, w in enumerate(wavelengths) if w > L) == 3
+    assert first_slow(native, 10**9) is None
+    assert repaired([1.0] * 8, 4.0) == (1.0,) * 7 + (4.0,)
+    assert repaired([1.0, 2.0, 1.5, 3.0, 2.0, 5.0, 1.0, 1.0], 4.0, 3) == (1, 2, 2, 4, 4, 5, 5, 5)
+
+
+def test_per_dim_search_keeps_slow_frequencies_in_range(per_dim_task, tmp_path):
+    """``slow_in_range``: every trial keeps the divisors of the frequencies slower than L at
+    >= N/L (the teacher's do), and the search still beats its start."""
+    search = run_search(per_dim_task, tmp_path, "per-dim", 15, slow_in_range=True)
+    records = list(search.store.done.values())
+    assert len(records) == 15
+    assert all(min(r["divisors"][3:]) >= N / L for r in records)
+    start = per_dim_point(search.native, L, start_point(N / L), N / L)
+    assert search.best["objective"] < search.trials[trial_key(start)][1]["objective"] - 0.05
 
 
 @pytest.mark.parametrize("space", ["yarn", "per-dim"])

@@ -99,7 +99,7 @@ def run(args) -> int:
 
     search = Search(
         model, calibration, native, original, length, store, args.budget, save_best,
-        proxy_length=args.proxy_length,
+        proxy_length=args.proxy_length, slow_in_range=args.slow_in_range,
     )  # fmt: skip
     started = time.perf_counter()
     try:
@@ -121,6 +121,7 @@ def run(args) -> int:
         "settings": {
             **settings, "budget": args.budget, "seed": args.seed, "space": args.space,
             "proxy_length": args.proxy_length, "confirm": args.confirm,
+            "slow_in_range": args.slow_in_range,
         },
         "trials": len(search.seen),
         "computed_now": search.computed,
@@ -194,6 +195,11 @@ def register(subparsers) -> None:
     p.add_argument(
         "--confirm", type=int, default=5, help="with --proxy-length: distinct candidates "
         "re-scored at N (besides the start and each space's best)",
+    )  # fmt: skip
+    p.add_argument(
+        "--slow-in-range", action="store_true", help="per-dim: keep the divisor of every "
+        "frequency slower than L (wavelength > L) at >= N/L, so its angles up to N stay within "
+        "those seen up to L (long-range retrieval needs it: docs/tune.md)",
     )  # fmt: skip
     p.add_argument("--output", required=True, help="folder for trials, best.json, final.json")
     p.add_argument("--dtype", default="float32", help=", ".join(DTYPES))

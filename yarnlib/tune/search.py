@@ -89,27 +89,41 @@ def trial_key(point: dict, length: int | None = None) -> str:
     return key if length is None else f"{key}@{length}"
 
 
-def repaired(divisors, min_last: float) -> tuple[float, ...]:
+def repaired(divisors, min_last: float, slow_from: int | None = None) -> tuple[float, ...]:
     """Valid divisors near ``divisors``: each >= 1 and >= the one before (lower frequencies
     are stretched at least as much), the lowest frequency's >= N/L (so it turns no further by N
-    than natively by L), none above MAX_FACTOR_RATIO N/L (the yarn factor's box)."""
+    than natively by L), none above MAX_FACTOR_RATIO N/L (the yarn factor's box). With
+    ``slow_from``, the divisors from that index on are >= N/L too."""
     out, floor, cap = [], 1.0, MAX_FACTOR_RATIO * min_last
-    for d in divisors:
+    for i, d in enumerate(divisors):
         floor = max(floor, min(rounded(float(d), DIVISOR_DIGITS), cap))
+        if i == slow_from:
+            floor = max(floor, min_last)
         out.append(floor)
     out[-1] = max(out[-1], min_last)
     return tuple(out)
 
 
-def per_dim_point(native: RopeScaling, original: int, point: dict, min_factor: float) -> dict:
+def first_slow(native: RopeScaling, original: int) -> int | None:
+    """Index of the first frequency whose wavelength exceeds L (None: there is none). Such a
+    frequency never completes a turn within L, so a divisor below N/L takes it to angles the
+    model never saw; the slowest YaRN ramp (beta_slow = 1) interpolates exactly these fully."""
+    base = base_inv_freq(native.rope_theta, native.rotary_dim).double()
+    slow = (2 * math.pi / base > original).nonzero()
+    return int(slow[0]) if len(slow) else None
+
+
+def per_dim_point(
+    native: RopeScaling, original: int, point: dict, min_factor: float, slow_from=None
+) -> dict:
     """The per-dim point running (up to rounding) the tables of a yarn ``point``: the divisors
-    native inv_freq / yarn inv_freq, and its attention factor."""
+    native inv_freq / yarn inv_freq (repaired, ``slow_from`` as there), its attention factor."""
     spec = to_spec(native, original, point)
     base = base_inv_freq(native.rope_theta, native.rotary_dim).double()
     divisors = (base / spec.inv_freq().double()).tolist()
     return {
         "factor": min_factor,  # the target length N = L × factor: what the config advertises
-        "divisors": repaired(divisors, min_factor),
+        "divisors": repaired(divisors, min_factor, slow_from),
         "attention_factor": rounded(spec.attention_factor()),
     }
 
@@ -119,7 +133,7 @@ def groups(count: int) -> list[range]:
     return [range(i, min(i + size, count)) for i in range(0, count, size)]
 
 
-def moved_per_dim(point, coordinate, steps: dict, direction: int, min_factor: float):
+def moved_per_dim(point, coordinate, steps: dict, direction: int, min_factor: float, slow_from):
     """``point`` with a group of divisors scaled (then repaired) or its attention factor
     stepped; None where that changes nothing."""
     if coordinate == "attention_factor":
@@ -129,7 +143,7 @@ def moved_per_dim(point, coordinate, steps: dict, direction: int, min_factor: fl
     else:
         ratio = steps["divisors"] ** direction
         divisors = [d * ratio if i in coordinate else d for i, d in enumerate(point["divisors"])]
-        candidate = {**point, "divisors": repaired(divisors, min_factor)}
+        candidate = {**point, "divisors": repaired(divisors, min_factor, slow_from)}
     return None if candidate == point else candidate
 
 
@@ -211,6 +225,7 @@ class Search:
     budget: int
     on_best: Callable[[RopeScaling, dict], None] | None = None  # on every new best
     proxy_length: int | None = None  # score the search at M tokens, confirm at N
+    slow_in_range: bool = False  # per-dim: divisors >= N/L for every frequency slower than L
     seen: set[str] = field(default_factory=set)  # trial keys this run has spent budget on
     computed: int = 0
     best: dict | None = None
@@ -330,9 +345,11 @@ class Search:
                 start = self.best_in("yarn")[0]
             if space != "yarn":
                 self.cap = self.budget
-                point = per_dim_point(self.native, self.original, start, lo)
+                slow = first_slow(self.native, self.original) if self.slow_in_range else None
+                point = per_dim_point(self.native, self.original, start, lo, slow)
                 coordinates = [*groups(len(point["divisors"])), "attention_factor"]
-                self.descend(point, coordinates, dict(PER_DIM_STEPS), self.per_dim_move(lo), rng)
+                move = self.per_dim_move(lo, slow)
+                self.descend(point, coordinates, dict(PER_DIM_STEPS), move, rng)
         return self.best
 
     @staticmethod
@@ -340,8 +357,10 @@ class Search:
         return lambda point, knob, steps, direction: moved(point, knob, steps, direction, lo)
 
     @staticmethod
-    def per_dim_move(lo: float):
-        return lambda point, c, steps, direction: moved_per_dim(point, c, steps, direction, lo)
+    def per_dim_move(lo: float, slow_from: int | None):
+        return lambda point, c, steps, direction: moved_per_dim(
+            point, c, steps, direction, lo, slow_from
+        )
 
     def confirm(self, count: int) -> dict:
         """Proxy only: re-score at N the ``count`` best trials with distinct tables, the start
