@@ -208,3 +208,19 @@ def test_a_killed_cell_resumes_from_its_last_trial(tok, sdpa_model, tmp_path, mo
     for key, cell in whole.done.items():
         assert cells.done[key]["answers"] == cell["answers"], key
     assert cells.done[("yarn:4", 300, 0.6)]["resumed_trials"] == 1
+
+
+def test_a_repeated_prompt_or_its_prefix_reuses_all_but_the_last_token(tok, sdpa_model):
+    """The same prompt twice, then a prefix of it: the cache gives all but the last token
+    (at least one token is computed, so there are logits), and the logits are a plain full
+    forward's."""
+    apply_method(sdpa_model, parse_methods("none")[0])
+    ids = build_prompt(tok, 400, 0.5, seed="repeat").input_ids
+    cache = PromptCache()
+    for prompt, reuses in ((ids, 0), (ids, len(ids) - 1), (ids[:300], 299)):
+        reused = cache.reused
+        got = prefill(sdpa_model, prompt, cache)
+        with torch.no_grad():
+            want = sdpa_model(input_ids=torch.tensor([prompt])).logits[0, -1]
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        assert cache.reused - reused == reuses
