@@ -247,6 +247,22 @@ def test_packed_documents_see_nothing_of_their_neighbours(attn):
     assert torch.equal(flat_labels, labels)
 
 
+def test_flash_gets_positions_restarting_at_each_document():
+    """The flash-attention path has no mask: the documents of 6, 4 and 8 tokens are told
+    apart only by their position ids, and transformers' own packing helpers must find the
+    documents' boundaries (cu_seqlens) from them."""
+    from transformers import modeling_flash_attention_utils as fa
+
+    docs = [[5, 6, 7, 8, 9, 1], [20, 21, 22, 1], [30, 31, 32, 33, 34, 35, 36, 1]]
+    rows = PackedRows(stream_of(docs), 18)
+    flat, _ = micro_batch(rows, torch.tensor([0]), False, "flash_attention_2")
+    positions = flat["position_ids"]
+    assert positions.tolist() == [[*range(6), *range(4), *range(8)]]
+    assert fa._is_packed_sequence(positions, batch_size=1)
+    (cu_seqlens, _), (longest, _) = fa.prepare_fa_kwargs_from_position_ids(positions)
+    assert cu_seqlens.tolist() == [0, 6, 10, 18] and int(longest) == 8
+
+
 def test_tokenize_caches_on_disk(tmp_path):
     data = text_folder(tmp_path / "data", ["abc", "de"])
     first = tokenize([str(data)], char_tokenizer(), tmp_path / "cache", show_progress=False)
