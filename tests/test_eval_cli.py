@@ -74,7 +74,7 @@ def test_passkey_outputs_and_resume(model_dir, tmp_path, capsys):
     out = tmp_path / "pk"
     args = ["eval", "passkey", "--model", str(model_dir), "--methods", "none,yarn:2",
             "--lengths", "200,300", "--depths", "0.2,0.8", "--trials", "2",
-            "--max-new-tokens", "3", "--output", str(out)]  # fmt: skip
+            "--max-new-tokens", "3", "--layout", "classic", "--output", str(out)]  # fmt: skip
     assert main([*args, "--max-cells", "3"]) == 0
     assert len(cells(out)) == 3
     assert main([*args, "--resume"]) == 0

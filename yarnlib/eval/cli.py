@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from yarnlib.documents import DEFAULT_DATASET, load_documents, select_samples
 from yarnlib.eval.methods import Method, check_methods, parse_methods
-from yarnlib.eval.store import CELLS, CellStore
+from yarnlib.eval.store import CELLS, CellStore, write_csv
 from yarnlib.models import load_config, load_model, resolve
 from yarnlib.spec import METHODS
 from yarnlib.spec_file import spec_on_model
@@ -159,13 +159,45 @@ def run_perplexity_cli(args) -> int:
     return 0
 
 
+def passkey_layout(args, tokenizer):
+    """(cell depths, layout or None for classic, settings fields) of ``eval passkey``."""
+    from yarnlib.eval.passkey import LAYOUTS, Independent, load_haystack
+
+    if args.layout not in LAYOUTS:
+        raise ValueError(f"layout: {args.layout!r}; allowed: {', '.join(LAYOUTS)}")
+    classic = args.layout == "classic"
+    depths = float_list("depths", args.depths or ("0.1,0.5,0.9" if classic else "0,1"), 0.0, 1.0)
+    fields = ("trials", "seed", "distractors", "max_new_tokens")  # what classic cells were keyed by
+    if classic:
+        for field in ("haystack", "depth_bins"):
+            if getattr(args, field) is not None:
+                raise ValueError(
+                    f"{field}: given with --layout classic, which always uses the classic filler "
+                    "at the exact --depths; allowed: --layout independent"
+                )
+        return depths, None, fields
+    positive("depth_bins", args.depth_bins)
+    bins = args.depth_bins or 3
+    if depths[0] < depths[-1] and args.trials < bins:
+        raise ValueError(
+            f"trials: {args.trials} prompts per length for {bins} depth bins; allowed: trials >= "
+            "depth_bins (a bin without prompts has no rate)"
+        )
+    sources = args.haystack or None
+    haystack = None if sources == ["classic"] else load_haystack(tokenizer, sources)
+    layout = Independent(haystack, depths[0], depths[-1], bins)
+    return layout.cell_depths(), layout, (*fields, "layout", "haystack", "depth_bins", "depths")
+
+
 def run_passkey_cli(args) -> int:
-    from yarnlib.eval.passkey import TRIALS, min_length, run_passkey
+    from yarnlib.eval.passkey import TRIALS, by_length, min_length, run_passkey
     from yarnlib.eval.perplexity import table
-    from yarnlib.eval.plots import plot_passkey
+    from yarnlib.eval.plots import plot_passkey, plot_passkey_lengths
+    from yarnlib.eval.stats import percent_interval
 
     lengths = int_list("lengths", args.lengths)
-    depths = float_list("depths", args.depths, 0.0, 1.0)
+    if args.trials is None:
+        args.trials = 5 if args.layout == "classic" else 30
     for field in ("trials", "max_new_tokens", "max_cells"):
         positive(field, getattr(args, field))
     methods, _ = prepare(args, lengths)
@@ -173,7 +205,7 @@ def run_passkey_cli(args) -> int:
     shortest = min_length(tokenizer, args.distractors)
     if lengths[0] < shortest:
         raise ValueError(f"lengths: {lengths[0]} is shorter than the prompt's {shortest} tokens")
-    fields = ("trials", "seed", "distractors", "max_new_tokens")
+    depths, layout, fields = passkey_layout(args, tokenizer)
     keys = ("method", "length", "depth")
     rows = row_settings(methods)
     store = CellStore(args.output, keys, settings(args, *fields), args.resume, row_settings=rows)
@@ -187,19 +219,26 @@ def run_passkey_cli(args) -> int:
         computed = run_passkey(
             model, tokenizer, methods, lengths, depths, args.trials, store,
             args.seed, args.distractors, args.max_new_tokens, args.max_cells,
-            trial_store=trial_store,
+            trial_store=trial_store, layout=layout,
         )  # fmt: skip
     records = list(store.done.values())
-    finish(store, "passkey", computed, len(methods) * len(lengths) * len(depths), {})
-    by_length = {}
-    for r in records:  # mean accuracy over depths, for the printed table
-        by_length.setdefault((r["method"], r["length"]), []).append(r["accuracy"])
-    rows = [
-        {"method": m, "length": n, "accuracy": sum(a) / len(a)} for (m, n), a in by_length.items()
-    ]
-    print("passkey accuracy (mean over depths)\n" + table(rows, "accuracy", "{:.0%}"))
+    lengths_rows = by_length(records)
+    extra = {"by_length": lengths_rows}
+    finish(store, "passkey", computed, len(methods) * len(lengths) * len(depths), extra)
+    write_csv(Path(args.output) / "passkey_lengths.csv", lengths_rows)
+    shown = [{**r, "shown": percent_interval(r)} for r in lengths_rows]
+    print(
+        "passkey accuracy per length [Wilson 95 % interval], all trials of the length\n"
+        + table(shown, "shown", "{}", column=14)
+    )
     if records:
         draw(plot_passkey, records, Path(args.output) / "passkey.png", args.model)
+        draw(
+            plot_passkey_lengths,
+            lengths_rows,
+            Path(args.output) / "passkey_lengths.png",
+            args.model,
+        )
     return 0
 
 
@@ -268,8 +307,27 @@ def register(subparsers) -> None:
 
     p = evals.add_parser("passkey", help="passkey retrieval accuracy, lengths × depths")
     common(p, "4096,8192", "results/passkey")
-    p.add_argument("--depths", default="0.1,0.5,0.9", help="key depths in [0, 1]")
-    p.add_argument("--trials", type=int, default=5, help="prompts per cell")
+    p.add_argument(
+        "--layout", default="independent", help="independent (every prompt its own filler "
+        "offset, depth and key; the default) or classic (one filler and depth per cell)",
+    )  # fmt: skip
+    p.add_argument(
+        "--haystack", nargs="+", metavar="FILE|DIR", help="independent: texts the filler is cut "
+        f"from (default: the packaged plays, {DEFAULT_DATASET}), or 'classic' for the classic "
+        "sentences",
+    )  # fmt: skip
+    p.add_argument(
+        "--depths", help="classic: key depths in [0, 1] (default 0.1,0.5,0.9); independent: "
+        "the range from the smallest to the largest (default 0,1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--depth-bins", type=int, help="independent: cells per length, equal bins of the depth "
+        "range (default 3)",
+    )  # fmt: skip
+    p.add_argument(
+        "--trials", type=int, help="independent: prompts per length (default 30); classic: "
+        "prompts per cell (default 5)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--distractors", type=int, default=0, help="decoy keys (harder variant)")
     p.add_argument("--max-new-tokens", type=int, default=8)

@@ -4,16 +4,25 @@ length with the key at an exact depth, plus a harder variant with distractor key
 Prompts are assembled from token ids (header, filler, key line, filler, question), so the
 length and depth are exact for the tokenizer at hand; every method sees the same prompts.
 
-Every prompt starts with the same header and filler up to its key, so a prompt reuses the KV
-cache of the previous one for that common prefix (cells run by length, then depth) and
+Two layouts. ``independent`` (the default): every prompt is its own draw, with its own key,
+its own stretch of a real text (the haystack) and its own depth, so a length's prompts are
+independent trials and a rate has an honest interval. ``classic``: the prompts of a cell share
+the classic filler and the depth, only the key differs (older results; the trials of a cell
+are then nearly one draw).
+
+Classic prompts start with the same header and filler up to their key, so a prompt reuses the
+KV cache of the previous one for that common prefix (cells run by length, then depth) and
 computes only the rest, in chunks. Attention is causal, so the answer is the one of a full
 forward, up to float rounding. Where the tables depend on the length (dynamic methods), only
 prompts of one length share, with the scale fixed at prompt + new tokens as ``generate`` does.
+Independent prompts share only the header, too short to reuse: each is a full forward.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import random
 import re
 from dataclasses import dataclass
@@ -22,8 +31,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
+from yarnlib.documents import load_documents
 from yarnlib.eval.measure import Meter
 from yarnlib.eval.methods import Method, apply_method
+from yarnlib.eval.stats import rate_fields
 from yarnlib.eval.store import CellStore
 from yarnlib.patches.patch import declare_length, patch_state
 from yarnlib.spec import RopeScaling
@@ -72,14 +83,30 @@ def min_length(tokenizer, distractors: int = 0) -> int:
     )
 
 
+def classic_filler(tokenizer, count: int, offset: int = 0) -> list[int]:
+    """``count`` tokens of the classic sentences repeated, from ``offset`` tokens in."""
+    unit = len(_ids(tokenizer, FILLER + " "))
+    repeats = (count + offset) // max(unit, 1) + 2
+    return _ids(tokenizer, " ".join([FILLER] * repeats))[offset : offset + count]
+
+
 def build_prompt(tokenizer, length: int, depth: float, seed, distractors: int = 0) -> Prompt:
     """A prompt of exactly ``length`` tokens whose key line starts ``depth`` of the way through
-    the filler (0: right after the instructions, 1: right before the question)."""
-    if not 0 <= depth <= 1:
-        raise ValueError(f"depth must be in [0, 1], got {depth!r}")
+    the filler (0: right after the instructions, 1: right before the question): the classic
+    filler from its start; only the seed's keys (and decoys' places) differ between seeds."""
     check_distractors(distractors)
     rng = random.Random(str(seed))
     keys = rng.sample(range(10000, 100000), distractors + 1)
+    return assemble(tokenizer, length, depth, keys, rng, lambda n: classic_filler(tokenizer, n))
+
+
+def assemble(tokenizer, length: int, depth: float, keys: list[int], rng, filler_of) -> Prompt:
+    """Header, ``filler_of(n)`` (n tokens) with the key line of ``keys[0]`` at ``depth`` and
+    decoy lines of ``keys[1:]`` at places drawn from ``rng``, question: ``length`` tokens."""
+    if not 0 <= depth <= 1:
+        raise ValueError(f"depth must be in [0, 1], got {depth!r}")
+    distractors = len(keys) - 1
+    check_distractors(distractors)
     header, question = _ids(tokenizer, TASK), _ids(tokenizer, QUESTION)
     key_ids = _ids(tokenizer, KEY_LINE.format(key=keys[0]))
     names = rng.sample(DISTRACTOR_NAMES, distractors)
@@ -91,8 +118,7 @@ def build_prompt(tokenizer, length: int, depth: float, seed, distractors: int = 
     if n_filler < 0:
         shortest = length - n_filler
         raise ValueError(f"length must be >= {shortest} tokens for this prompt, got {length}")
-    unit = len(_ids(tokenizer, FILLER + " "))
-    filler = _ids(tokenizer, " ".join([FILLER] * (n_filler // max(unit, 1) + 2)))[:n_filler]
+    filler = filler_of(n_filler)
     # (offset in the filler, ids): distractors at random depths, the key at the requested one
     inserts = [(rng.randint(0, n_filler), ids) for ids in extra]
     key_offset = round(depth * n_filler)
@@ -107,6 +133,119 @@ def build_prompt(tokenizer, length: int, depth: float, seed, distractors: int = 
         ids += piece
     ids += filler[position:] + question
     return Prompt(ids, keys[0], key_start, n_filler, len(header))
+
+
+LAYOUTS = ("independent", "classic")
+
+
+def load_haystack(tokenizer, sources: list[str] | None) -> list[int]:
+    """The token ids of the haystack documents (default: the packaged plays) one after the
+    other, each followed by a blank line: the text independent prompts cut their filler from."""
+    try:
+        docs = load_documents(sources)
+    except ValueError as error:  # the same checks as a dataset, named as the option
+        raise ValueError(str(error).replace("dataset:", "haystack:", 1)) from None
+    ids: list[int] = []
+    for _, text in docs:
+        ids += _ids(tokenizer, text + "\n\n")
+    if not ids:
+        raise ValueError(f"haystack: {sources!r} holds no text; allowed: non-empty documents")
+    return ids
+
+
+def cut(haystack: list[int], offset: int, count: int) -> list[int]:
+    """``count`` tokens of ``haystack`` from ``offset`` on, wrapping round at its end."""
+    return list(itertools.islice(itertools.cycle(haystack), offset, offset + count))
+
+
+@dataclass(frozen=True)
+class Independent:
+    """Prompts as independent draws: per length ``trials`` prompts, each with its own key, its
+    own filler offset in the haystack (None: the classic sentences, whose offsets differ only
+    within their period), its own depth. The depth range [low, high] is cut into ``bins``
+    equal bins, one cell each; trial t goes to bin t mod bins, and the depths of a bin's
+    trials are stratified over it (one uniform draw in each of its equal slices)."""
+
+    haystack: list[int] | None
+    low: float = 0.0
+    high: float = 1.0
+    bins: int = 3
+
+    def __post_init__(self):
+        if not 0 <= self.low <= self.high <= 1:
+            raise ValueError(f"depths: [{self.low}, {self.high}]; allowed: 0 <= low <= high <= 1")
+        if self.bins < 1:
+            raise ValueError(f"depth_bins must be a positive integer, got {self.bins!r}")
+        if self.low == self.high and self.bins != 1:  # one depth: one cell
+            object.__setattr__(self, "bins", 1)
+
+    def edges(self, b: int) -> tuple[float, float]:
+        width = (self.high - self.low) / self.bins
+        return self.low + b * width, self.low + (b + 1) * width
+
+    def cell_depths(self) -> list[float]:
+        """The cells' depth keys: each bin's centre."""
+        return [round(sum(self.edges(b)) / 2, 6) for b in range(self.bins)]
+
+    def bin_of(self, depth: float) -> int:
+        return self.cell_depths().index(depth)
+
+    def period(self, tokenizer) -> int:
+        if self.haystack is None:
+            return len(_ids(tokenizer, FILLER + " "))
+        return len(self.haystack)
+
+    def draws(self, tokenizer, length: int, trials: int, seed) -> list[tuple[int, int, float]]:
+        """(key, filler offset, depth) of every trial of ``length``: the same for every method.
+        Keys, and offsets where the haystack is long enough, are drawn without replacement."""
+        rng = random.Random(f"independent:{seed}:{length}")
+        keys = rng.sample(range(10000, 100000), trials)
+        period = self.period(tokenizer)
+        if period >= trials:
+            offsets = rng.sample(range(period), trials)
+        else:
+            offsets = [rng.randrange(period) for _ in range(trials)]
+        out = []
+        for t in range(trials):
+            b, j = t % self.bins, t // self.bins
+            lo, hi = self.edges(b)
+            count = len(range(b, trials, self.bins))
+            out.append((keys[t], offsets[t], lo + (hi - lo) * (j + rng.random()) / count))
+        return out
+
+    def prompts(self, tokenizer, length, depth, trials, seed, distractors):
+        """(trial, draw fields, builder) of the trials in the cell of ``depth`` (a bin centre)."""
+        b = self.bin_of(depth)
+        draws = self.draws(tokenizer, length, trials, seed)
+        out = []
+        for t in range(b, trials, self.bins):
+            key, offset, placed = draws[t]
+            out.append((t, {"depth": placed, "offset": offset}, self.builder(
+                tokenizer, length, placed, key, offset, f"{seed}:{length}:{t}", distractors
+            )))  # fmt: skip
+        return out
+
+    def builder(self, tokenizer, length, depth, key, offset, seed_text, distractors):
+        def build() -> Prompt:
+            rng = random.Random(f"independent:{seed_text}")
+            decoys = [k for k in rng.sample(range(10000, 100000), distractors + 1) if k != key]
+            if self.haystack is None:
+                filler_of = lambda n: classic_filler(tokenizer, n, offset)  # noqa: E731
+            else:
+                filler_of = lambda n: cut(self.haystack, offset, n)  # noqa: E731
+            return assemble(tokenizer, length, depth, [key, *decoys[:distractors]], rng, filler_of)
+
+        return build
+
+
+def classic_prompts(tokenizer, length, depth, trials, seed, distractors):
+    """(trial, draw fields, builder) of a classic cell: one depth, the seed's keys."""
+    return [
+        (t, {}, functools.partial(
+            build_prompt, tokenizer, length, depth, f"{seed}:{length}:{depth}:{t}", distractors
+        ))
+        for t in range(trials)
+    ]  # fmt: skip
 
 
 ANSWER = re.compile(r"\d(?:[\d,_ ]*\d)?")
@@ -249,11 +388,17 @@ def run_passkey(
     max_cells: int | None = None,
     share_prefixes: bool = True,
     trial_store: CellStore | None = None,
+    layout: Independent | None = None,
 ) -> list[tuple]:
     """Compute every missing (method, length, depth) cell into ``store``; returns those computed.
+    Classic layout (``layout`` None): ``trials`` prompts per depth of ``depths``. Independent
+    ``layout``: ``trials`` prompts per length over its depth bins (``depths`` is ignored; the
+    cells are keyed by the bins' centres).
     ``share_prefixes=False`` runs every prompt in full (the reference for the shared path).
     ``trial_store`` (keys method, length, depth, trial) holds each finished trial, so a run
     killed inside a cell (tens of minutes at 32k on a CPU) resumes from its last trial."""
+    if layout is not None:
+        depths = layout.cell_depths()
     cells = [
         (m, n, d)
         for m in methods
@@ -267,7 +412,10 @@ def run_passkey(
         cells = cells[:max_cells]
     computed = []
     device = next(model.parameters()).device
-    total = sum(n for _, n, _ in cells) * trials
+    prompts_of = classic_prompts if layout is None else layout.prompts
+    cell_prompts = {(n, d): prompts_of(tokenizer, n, d, trials, seed, distractors)
+                    for _, n, d in cells}  # fmt: skip
+    total = sum(n * len(cell_prompts[n, d]) for _, n, d in cells)
     cache, running = None, None
     with tqdm(total=total, unit="tok", unit_scale=True, desc="passkey") as bar:
         for m, n, d in cells:
@@ -280,23 +428,28 @@ def run_passkey(
             bar.set_postfix_str(f"{m.label} @ {n}, depth {d:.0%}")
             results, resumed = [], 0
             reused = cache.reused if cache is not None else 0
+            prompts = cell_prompts[n, d]
             with Meter(device) as meter:
-                for trial in range(trials):
+                for trial, drawn, build in prompts:
                     key = dict(method=m.label, length=n, depth=d, trial=trial)
                     if trial_store is not None and trial_store.has(**key):
                         done = trial_store.done[trial_store.key(key)]
-                        results.append({f: done[f] for f in ("key", "answer", "text")})
+                        results.append({f: done[f] for f in (*drawn, "key", "answer", "text")})
                         resumed += 1
                     else:
-                        seed_text = f"{seed}:{n}:{d}:{trial}"
-                        prompt = build_prompt(tokenizer, n, d, seed_text, distractors)
+                        prompt = build()
                         text = answer(model, tokenizer, prompt, max_new_tokens, cache)
-                        result = {"key": prompt.key, "answer": parse_answer(text), "text": text}
+                        result = {**drawn, "key": prompt.key, "answer": parse_answer(text),
+                                  "text": text}  # fmt: skip
                         results.append(result)
                         if trial_store is not None:
                             trial_store.add({**key, **result})
                     bar.update(n)
             correct = sum(r["answer"] == r["key"] for r in results)
+            where = {}
+            if layout is not None:  # the cell's bin of depths
+                low, high = layout.edges(layout.bin_of(d))
+                where = {"depth_low": low, "depth_high": high}
             store.add(
                 {
                     "method": m.label,
@@ -304,16 +457,29 @@ def run_passkey(
                     "factor": m.factor,
                     "length": n,
                     "depth": d,
-                    "accuracy": correct / trials,
-                    "correct": correct,
-                    "trials": trials,
+                    **where,
+                    **rate_fields(correct, len(prompts)),
                     "distractors": distractors,
                     "answers": results,
                     "reused_prompt_tokens": (cache.reused if cache is not None else 0) - reused,
                     "resumed_trials": resumed,  # taken from trial_store: not in the timing
-                    **meter.fields(n * (trials - resumed)),
+                    **meter.fields(n * (len(prompts) - resumed)),
                 }
             )
             computed.append((m.label, n, d))
     apply_method(model, Method("none", 1.0))
     return computed
+
+
+def by_length(records: list[dict]) -> list[dict]:
+    """Per (method, length): the trials of all its cells pooled, with the Wilson interval (the
+    draws of an independent layout are independent across its cells too)."""
+    pooled: dict[tuple, list[int]] = {}
+    for r in records:
+        counts = pooled.setdefault((r["method"], r["length"]), [0, 0])
+        counts[0] += r["correct"]
+        counts[1] += r["trials"]
+    return [
+        {"method": m, "length": n, **rate_fields(correct, trials)}
+        for (m, n), (correct, trials) in pooled.items()
+    ]

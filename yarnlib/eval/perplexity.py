@@ -155,16 +155,19 @@ def run_perplexity(
     return computed
 
 
-def table(records: list[dict], value: str = "perplexity", fmt: str = "{:.2f}") -> str:
-    """Methods down, lengths across."""
+def table(
+    records: list[dict], value: str = "perplexity", fmt: str = "{:.2f}", column: int = 9
+) -> str:
+    """Methods down, lengths across, ``column`` characters a value."""
     lengths = sorted({r["length"] for r in records})
     methods = list(dict.fromkeys(r["method"] for r in records))
     cell = {(r["method"], r["length"]): r[value] for r in records}
     width = max([len(m) for m in methods] + [6])
-    lines = [f"{'method':<{width}} " + " ".join(f"{n:>9}" for n in lengths)]
+    lines = [f"{'method':<{width}} " + " ".join(f"{n:>{column}}" for n in lengths)]
     for m in methods:
         values = [cell.get((m, n)) for n in lengths]
         lines.append(
-            f"{m:<{width}} " + " ".join(f"{'-' if v is None else fmt.format(v):>9}" for v in values)
+            f"{m:<{width}} "
+            + " ".join(f"{'-' if v is None else fmt.format(v):>{column}}" for v in values)
         )
     return "\n".join(lines)

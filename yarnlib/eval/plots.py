@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from yarnlib import atomic
+
 
 def _pyplot():
     import matplotlib
@@ -56,18 +58,20 @@ def plot_perplexity(records: list[dict], original: int | None, path: Path, title
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    atomic.write_figure(path, fig, dpi=110)
     plt.close(fig)
     return path
 
 
 def plot_passkey(records: list[dict], path: Path, title: str = "") -> Path:
-    """Accuracy heatmap (depth down, length across), one panel per method."""
+    """Accuracy heatmap (depth down, length across), one panel per method; each cell says its
+    rate, correct/trials and the Wilson 95 % interval."""
     plt = _pyplot()
     methods = list(dict.fromkeys(r["method"] for r in records))
     lengths = sorted({r["length"] for r in records})
     depths = sorted({r["depth"] for r in records})
     acc = {(r["method"], r["length"], r["depth"]): r["accuracy"] for r in records}
+    label = {(r["method"], r["length"], r["depth"]): _rate_label(r) for r in records}
     width = 1.5 + max(1.6, 0.8 * len(lengths)) * len(methods)
     fig, axes = plt.subplots(1, len(methods), figsize=(width, 2.2 + 0.4 * len(depths)))
     axes = [axes] if len(methods) == 1 else list(axes)
@@ -79,14 +83,55 @@ def plot_passkey(records: list[dict], path: Path, title: str = "") -> Path:
         ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths] if i == 0 else [])
         ax.set_title(method, fontsize=9)
         ax.set_xlabel("length")
-        for y, row in enumerate(grid):
-            for x, value in enumerate(row):
-                if value == value:  # not NaN
-                    ax.text(x, y, f"{value:.0%}", ha="center", va="center", fontsize=8)
+        for y, d in enumerate(depths):
+            for x, n in enumerate(lengths):
+                if (method, n, d) in label:
+                    ax.text(x, y, label[method, n, d], ha="center", va="center", fontsize=7)
     axes[0].set_ylabel("key depth")
     fig.colorbar(image, ax=axes, shrink=0.8, label="accuracy")
     fig.suptitle(title or "Passkey retrieval accuracy", fontsize=10, y=1.04)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    atomic.write_figure(path, fig, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _rate_label(record: dict) -> str:
+    if "ci_low" not in record:  # a cell written before the intervals
+        return f"{record['accuracy']:.0%}"
+    low, high = 100 * record["ci_low"], 100 * record["ci_high"]
+    return (
+        f"{record['accuracy']:.0%} ({record['correct']}/{record['trials']})\n[{low:.0f}–{high:.0f}]"
+    )
+
+
+def plot_passkey_lengths(rows: list[dict], path: Path, title: str = "") -> Path:
+    """Accuracy per length (all trials of a length), one line per method, with the Wilson 95 %
+    interval as error bars."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    colors = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20").colors
+    for i, method in enumerate(methods):
+        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["length"])
+        xs = [r["length"] * (1 + 0.015 * (i - len(methods) / 2)) for r in mine]  # side by side
+        ys = [r["accuracy"] for r in mine]
+        errors = [[y - r["ci_low"] for y, r in zip(ys, mine, strict=True)],
+                  [r["ci_high"] - y for y, r in zip(ys, mine, strict=True)]]  # fmt: skip
+        ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=method,
+                    color=colors[i % len(colors)])  # fmt: skip
+    lengths = sorted({r["length"] for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [_tokens(n) for n in lengths])
+    ax.minorticks_off()
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("passkey accuracy (95 % Wilson interval)")
+    ax.set_title(title or "Passkey retrieval accuracy per length")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_figure(path, fig, dpi=110)
     plt.close(fig)
     return path

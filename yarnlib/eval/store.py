@@ -112,15 +112,19 @@ class CellStore:
         rows = {"row_settings": self.row_settings} if self.row_settings else {}
         payload = {"settings": self.settings, **rows, "cells": cells, **(extra or {})}
         json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-        csv_path = self.output / f"{name}.csv"
-        columns: list[str] = []
-        for cell in cells:
-            columns += [k for k, v in cell.items() if k not in columns and not _nested(v)]
-        with csv_path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, columns, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(cells)
-        return json_path, csv_path
+        return json_path, write_csv(self.output / f"{name}.csv", cells)
+
+
+def write_csv(path: Path, rows: list[dict]) -> Path:
+    """One line per row, the columns of every row's flat (not list or dict) values."""
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k, v in row.items() if k not in columns and not _nested(v)]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
 
 
 def _nested(value: Any) -> bool:

@@ -1,0 +1,177 @@
+"""Independent passkey prompts (issue 29) and the Wilson intervals of their rates."""
+
+import csv
+import json
+
+import pytest
+from test_eval_support import corpus_text, text_dataset, tiny_folder, tiny_tokenizer
+
+from yarnlib.cli import main
+from yarnlib.eval import passkey
+from yarnlib.eval.passkey import Independent, by_length, cut, load_haystack
+from yarnlib.eval.stats import wilson
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def haystack(tok, tmp_path_factory):
+    folder = text_dataset(tmp_path_factory.mktemp("hay"), {"a": 3000, "b": 2000})
+    return folder, load_haystack(tok, [str(folder)])
+
+
+@pytest.mark.parametrize(
+    "successes,trials,low,high",
+    # by hand: p = 7/10, z = 1.96: centre (0.7 + z²/20) / (1 + z²/10) = 0.64450, half
+    # z·sqrt(0.021 + z²/400) / (1 + z²/10) = 0.24772; 0/10 and 10/10 have the exact end 0 / 1
+    [(7, 10, 0.39678, 0.89221), (0, 10, 0.0, 0.27753), (10, 10, 0.72247, 1.0),
+     (27, 30, 0.74379, 0.96540), (1, 1, 0.20655, 1.0)],
+)  # fmt: skip
+def test_wilson_against_hand_computed_bounds(successes, trials, low, high):
+    got = wilson(successes, trials)
+    assert got == pytest.approx((low, high), abs=5e-6)
+
+
+@pytest.mark.parametrize("successes,trials", [(3, 2), (-1, 4), (0, 0)])
+def test_wilson_refuses_impossible_counts(successes, trials):
+    with pytest.raises(ValueError, match="successes/trials"):
+        wilson(successes, trials)
+
+
+def test_rates_per_length_pool_the_cells():
+    cells = [
+        {"method": "m", "length": 8, "correct": 3, "trials": 5},
+        {"method": "m", "length": 8, "correct": 4, "trials": 5},
+        {"method": "m", "length": 16, "correct": 0, "trials": 3},
+    ]
+    rows = {r["length"]: r for r in by_length(cells)}
+    assert (rows[8]["correct"], rows[8]["trials"], rows[8]["accuracy"]) == (7, 10, 0.7)
+    assert (rows[8]["ci_low"], rows[8]["ci_high"]) == (0.3968, 0.8922)
+    assert (rows[16]["ci_low"], rows[16]["ci_high"]) == (0.0, 0.5615)
+
+
+def built(layout, tok, length, depth, trials, seed=0, distractors=0):
+    return [
+        (t, drawn, build())
+        for t, drawn, build in layout.prompts(tok, length, depth, trials, seed, distractors)
+    ]
+
+
+def test_every_prompt_of_a_cell_is_its_own_draw(tok, haystack):
+    """Per cell: distinct filler offsets, depths and keys, each depth inside the cell's bin;
+    exact length; the key line where the depth says; the filler is the haystack from the
+    prompt's offset on; the same seed gives the same prompts, another seed others."""
+    _, ids = haystack
+    layout = Independent(ids, 0.1, 0.9, bins=2)
+    assert layout.cell_depths() == [0.3, 0.7]
+    all_keys = []
+    for b, depth in enumerate(layout.cell_depths()):
+        cell = built(layout, tok, 700, depth, trials=9)
+        assert [t for t, _, _ in cell] == list(range(b, 9, 2))
+        offsets = [d["offset"] for _, d, _ in cell]
+        depths = [d["depth"] for _, d, _ in cell]
+        keys = [p.key for _, _, p in cell]
+        all_keys += keys
+        assert len(set(offsets)) == len(set(depths)) == len(set(keys)) == len(cell)
+        lo, hi = layout.edges(b)
+        assert all(lo <= d <= hi for d in depths)
+        for _, drawn, prompt in cell:
+            assert len(prompt.input_ids) == 700
+            key_offset = round(drawn["depth"] * prompt.filler_tokens)
+            assert prompt.key_start == prompt.header_tokens + key_offset
+            head = prompt.input_ids[prompt.header_tokens : prompt.key_start]
+            assert head == cut(ids, drawn["offset"], prompt.filler_tokens)[:key_offset]
+            assert (
+                tok.decode(prompt.input_ids[prompt.key_start :])
+                .lstrip("\n")
+                .startswith(f"The pass key is {prompt.key}.")
+            )
+    assert len(set(all_keys)) == 9  # keys differ across the cells of a length too
+    again = built(layout, tok, 700, 0.3, trials=9)
+    first = built(layout, tok, 700, 0.3, trials=9)
+    assert [p.input_ids for *_, p in again] == [p.input_ids for *_, p in first]
+    other = built(layout, tok, 700, 0.3, trials=9, seed=1)
+    assert all(a.input_ids != b.input_ids for (*_, a), (*_, b) in zip(first, other, strict=True))
+
+
+def test_depths_are_stratified_over_the_range(tok, haystack):
+    """12 trials over [0, 1] in 3 bins: 4 per bin, one in each quarter of its bin."""
+    layout = Independent(haystack[1], 0.0, 1.0, bins=3)
+    for b, depth in enumerate(layout.cell_depths()):
+        depths = sorted(d["depth"] for _, d, _ in layout.prompts(tok, 500, depth, 12, 0, 0))
+        lo = b / 3
+        assert [int((d - lo) * 12) for d in depths] == [0, 1, 2, 3]
+
+
+def test_the_classic_filler_and_distractors_in_the_independent_layout(tok):
+    layout = Independent(None, 0.5, 0.5)  # one depth: one cell
+    assert layout.cell_depths() == [0.5]
+    cell = built(layout, tok, 600, 0.5, trials=4, distractors=2)
+    unit = layout.period(tok)
+    assert len({d["offset"] for _, d, _ in cell}) == 4 and all(
+        d["offset"] < unit for _, d, _ in cell
+    )
+    for _, _, prompt in cell:
+        text = tok.decode(prompt.input_ids)
+        assert len(prompt.input_ids) == 600 and text.count(" key is ") == 3
+        assert passkey.FILLER.split(".")[1] in text
+
+
+def test_wrapping_round_a_short_haystack(tok):
+    ids = tok(corpus_text(30), add_special_tokens=False)["input_ids"]
+    assert cut(ids, len(ids) - 2, 5) == ids[-2:] + ids[:3]
+    prompt = built(Independent(ids), tok, 900, 0.5, trials=3)[0][2]
+    assert len(prompt.input_ids) == 900
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_folder(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def test_cli_independent_outputs_intervals_and_resumes(model_dir, haystack, tmp_path, capsys):
+    folder, _ = haystack
+    out = tmp_path / "pk"
+    args = ["eval", "passkey", "--model", str(model_dir), "--methods", "yarn:2",
+            "--lengths", "200,300", "--trials", "4", "--depth-bins", "2", "--haystack",
+            str(folder), "--max-new-tokens", "2", "--output", str(out)]  # fmt: skip
+    assert main([*args, "--max-cells", "3"]) == 0
+    assert main([*args, "--resume"]) == 0
+    printed = capsys.readouterr().out
+    assert "computed 1 cells" in printed and "Wilson 95 % interval" in printed
+    result = json.loads((out / "passkey.json").read_text())
+    assert result["settings"]["layout"] == "independent" and len(result["cells"]) == 4
+    for cell in result["cells"]:
+        low, high = wilson(cell["correct"], cell["trials"])
+        assert (cell["ci_low"], cell["ci_high"]) == (round(low, 4), round(high, 4))
+        assert cell["trials"] == 2 and cell["depth"] in (0.25, 0.75)
+        assert len({a["offset"] for a in cell["answers"]}) == 2
+    assert {(r["length"], r["trials"]) for r in result["by_length"]} == {(200, 4), (300, 4)}
+    with (out / "passkey.csv").open() as f:
+        assert {"ci_low", "ci_high", "depth_low", "depth_high"} <= set(next(csv.reader(f)))
+    with (out / "passkey_lengths.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["length"] for r in rows] == ["200", "300"] and "ci_high" in rows[0]
+    assert (out / "passkey_lengths.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--layout", "classic", "--haystack", "x"], "haystack: given with --layout classic"),
+        (["--layout", "grid"], "layout: 'grid'; allowed: independent, classic"),
+        (["--trials", "2"], "trials: 2 prompts per length for 3 depth bins"),
+        (["--depth-bins", "0"], "depth_bins must be a positive integer"),
+        (["--haystack", "./missing"], "haystack: './missing' does not exist"),
+    ],
+)
+def test_bad_layout_input(model_dir, tmp_path, capsys, monkeypatch, extra, message):
+    monkeypatch.setattr("yarnlib.eval.cli.load_model", pytest.fail)  # refused before loading
+    args = ["eval", "passkey", "--model", str(model_dir), "--lengths", "200",
+            "--output", str(tmp_path), *extra]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
