@@ -27,10 +27,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import yarnlib
 from yarnlib.chunked_loss import causal_lm_loss
 from yarnlib.convert import to_hf
+from yarnlib.documents import DEFAULT_DATASET
 from yarnlib.models import load_smollm2
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data" / "shakespeare"
 TINY = dict(
     model_type="llama",
     hidden_size=256,
@@ -120,7 +120,7 @@ def overhead(args) -> list[dict]:
 
 def real_check() -> list[dict]:
     model, tokenizer = load_smollm2()
-    text = DATA / "coriolanus.txt"
+    text = DEFAULT_DATASET / "coriolanus.txt"
     ids = tokenizer(text.read_text(), return_tensors="pt").input_ids[:, :16384]
     rows = []
     runs = [("none", 1.0), ("yarn", 2.0), ("dynamic_yarn", 2.0)]

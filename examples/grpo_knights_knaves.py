@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 # vLLM on CPU: 1 GiB of KV cache (enough for the tiny model; 2 x 20k tokens of SmolLM2 need
-# VLLM_CPU_KVCACHE_SPACE=4), both cores (see ../shared/ENVIRONMENT.md)
+# VLLM_CPU_KVCACHE_SPACE=4), both cores (vLLM's CPU settings: docs/vllm.md)
 for key, value in {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "0-1",

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
+from importlib.resources import files
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-# The shared data folder sits beside the repository (../shared/data from its root).
-DEFAULT_DATASET = REPO_ROOT.parent / "shared" / "data" / "shakespeare"
+# 14 public-domain plays shipped as package data (yarnlib/data/shakespeare/README.md), so a
+# clone and an installed wheel both have them; setuptools installs unzipped, so this is a path.
+DEFAULT_DATASET = Path(str(files("yarnlib") / "data" / "shakespeare"))
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 
 
