@@ -1,6 +1,7 @@
 """vllm-args / llm_kwargs, the serve parser round trip, and the plugin's get_rope (no engine)."""
 
 import json
+import shlex
 import sys
 
 import pytest
@@ -232,3 +233,17 @@ def test_entry_point_loads_register():
     if not found:
         pytest.skip("the yarnlib vllm.general_plugins entry point is not installed")
     assert found[0].load() is plugin.register
+
+
+def test_a_folder_named_like_an_option_is_pasted_safely(
+    serve_parser, tmp_path, monkeypatch, capsys
+):
+    from tiny_models import tiny_config
+
+    tiny_config("qwen2", head_dim=32).save_pretrained(tmp_path / "-mdl")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["vllm-args", "--factor", "4", "--", "-mdl"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    argv = shlex.split(line)
+    assert argv[:3] == ["vllm", "serve", "./-mdl"]
+    assert serve_parser.parse_args(argv[2:]).model_tag == "./-mdl"  # a folder, not an option

@@ -20,6 +20,7 @@ from yarnlib.spec import (
     RAMP_METHODS,
     STATIC_METHODS,
     YARN_KNOB_DEFAULTS,
+    YARN_METHODS,
     RopeScaling,
 )
 
@@ -46,6 +47,31 @@ ROPE_MODEL_TYPES = frozenset(
     {"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "smollm3", "olmo2"}
 )
 DEFAULT_ROPE_THETA = 10000.0
+# The keys of a rope dict yarnlib reads (transformers' validators know the same ones) or writes
+# (short_mscale/long_mscale: vLLM's longrope attention factor). Any other key means a RoPE yarnlib
+# would not reproduce and a rewrite would drop (M-RoPE's mrope_section in Qwen2.5-VL), so it is
+# refused by name.
+ROPE_DICT_KEYS = frozenset(
+    {
+        "rope_type",
+        "type",
+        "rope_theta",
+        "factor",
+        "original_max_position_embeddings",
+        "partial_rotary_factor",
+        *YARN_KNOB_DEFAULTS,
+        "low_freq_factor",
+        "high_freq_factor",
+        "short_factor",
+        "long_factor",
+        "short_mscale",
+        "long_mscale",
+    }
+)
+# Where the two transformers lines read the original context L of yarn: 5.x (and vLLM, which
+# loads configs with it) gives a top-level original_max_position_embeddings priority over the
+# rope dict's; 4.x reads only the rope dict's. Both fall back to max_position_embeddings.
+ORIGINAL_READERS = ("transformers 5 and vLLM", "transformers 4")
 
 
 def native_rope_parameters(spec: RopeScaling) -> dict[str, Any]:
@@ -192,7 +218,8 @@ def rope_parameters_of(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def head_dim_of(cfg: Mapping[str, Any]) -> int:
-    head_dim = cfg.get("head_dim")
+    # DeepSeek-V2/V3 rotate qk_rope_head_dim dims of each head (their configs set head_dim to it)
+    head_dim = cfg.get("qk_rope_head_dim") or cfg.get("head_dim")
     if head_dim is None:
         hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
         if not hidden or not heads:
@@ -214,10 +241,50 @@ def has_rope(cfg: Mapping[str, Any]) -> bool:
     return any(cfg.get(k) is not None for k in keys) or cfg.get("model_type") in ROPE_MODEL_TYPES
 
 
+def no_rope_message(cfg: Mapping[str, Any]) -> str:
+    """Why a config without top-level rope keys is refused: a multimodal config keeps its rope
+    under ``text_config`` (Llama-4, Qwen2.5-VL as transformers 5 saves them), others have none."""
+    nested = [k for k, v in cfg.items() if isinstance(v, Mapping) and has_rope(v)]
+    if nested:
+        return (
+            f"model_type {cfg.get('model_type')!r}: the rope settings are under {nested[0]!r} "
+            "(a multimodal config); yarnlib does not support multimodal configs yet"
+        )
+    return (
+        f"model_type {cfg.get('model_type')!r}: the config has no rotary embedding "
+        "(no rope_theta, rope_scaling or rope_parameters)"
+    )
+
+
+def check_rope_keys(params: Mapping[str, Any]) -> None:
+    """Refuse a rope dict key yarnlib does not read: a rewrite would drop it."""
+    unknown = sorted(set(params) - ROPE_DICT_KEYS)
+    if unknown:
+        raise ValueError(
+            f"rope_scaling/rope_parameters: key {unknown[0]!r} is not supported by yarnlib (it "
+            "would be dropped when the RoPE is rewritten; mrope_section is multimodal M-RoPE); "
+            f"supported: {', '.join(sorted(ROPE_DICT_KEYS))}"
+        )
+
+
+def original_lengths(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The original context L of yarn as each reader takes it from ``cfg`` (ORIGINAL_READERS)."""
+    params = rope_parameters_of(cfg)
+    in_dict = params.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
+    top = cfg.get("original_max_position_embeddings")
+    return dict(zip(ORIGINAL_READERS, (top or in_dict, in_dict), strict=True))
+
+
+def installed_original(cfg: Mapping[str, Any]) -> Any:
+    """L of yarn as the installed transformers reads it."""
+    return original_lengths(cfg)[ORIGINAL_READERS[hf_format() == "v4"]]
+
+
 def native_spec(cfg: Mapping[str, Any], rotary_dim: int) -> RopeScaling:
     """The spec equal to what transformers runs for this config, read from its native keys."""
     params = rope_parameters_of(cfg)
     rope_type = params["rope_type"]
+    check_rope_keys(params)
     if rope_type not in FROM_NATIVE_TYPE:
         raise ValueError(
             f"rope_type {rope_type!r} is not supported by yarnlib; supported: "
@@ -251,10 +318,7 @@ def native_spec(cfg: Mapping[str, Any], rotary_dim: int) -> RopeScaling:
                 raise ValueError(f"rope_scaling.{knob} is required for rope_type 'llama3'")
             kwargs[knob] = params[knob]
     elif method in ("yarn", "dynamic_yarn"):
-        # transformers gives a top-level original_max_position_embeddings priority (Phi3 style).
-        original = cfg.get("original_max_position_embeddings") or params.get(
-            "original_max_position_embeddings", max_positions
-        )
+        original = installed_original(cfg)
         kwargs["original_max_position_embeddings"] = original
         if factor is None and max_positions and original:
             factor = max_positions / original
@@ -283,10 +347,7 @@ def from_hf(config: Any, rotary_dim: int | None = None) -> RopeScaling:
     """
     cfg = config_dict(config)
     if not has_rope(cfg):
-        raise ValueError(
-            f"model_type {cfg.get('model_type')!r}: the config has no rotary embedding "
-            "(no rope_theta, rope_scaling or rope_parameters)"
-        )
+        raise ValueError(no_rope_message(cfg))
     params = rope_parameters_of(cfg)
     if rotary_dim is None:
         rotary_dim = rotary_dim_of(cfg, params)
@@ -294,6 +355,10 @@ def from_hf(config: Any, rotary_dim: int | None = None) -> RopeScaling:
     marked = marked_spec(cfg, rotary_dim)
     if marked is not None and native_rope_parameters(marked) == native_rope_parameters(spec):
         return marked
+    if marked is None and spec.method in YARN_METHODS and spec.knobs():
+        # YaRN with mscale & co. that yarnlib did not write: the checkpoint was trained with it
+        # (DeepSeek-V3), so it is kept as it is, never re-scaled with its knobs dropped.
+        return spec.as_shipped()
     return spec
 
 

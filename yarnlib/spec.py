@@ -143,7 +143,10 @@ class RopeScaling:
     answers what the factor is.
     """
 
-    __slots__ = tuple(f if f != "attention_factor" else "fixed_attention_factor" for f in FIELDS)
+    __slots__ = (
+        *(f if f != "attention_factor" else "fixed_attention_factor" for f in FIELDS),
+        "shipped",
+    )
 
     def __init__(
         self,
@@ -216,6 +219,7 @@ class RopeScaling:
         if not isinstance(truncate, bool):
             raise ValueError(f"truncate must be True or False, got {truncate!r}")
         set_(self, "truncate", truncate)
+        set_(self, "shipped", False)
         self._validate_knobs()
 
     def __setattr__(self, name, value):
@@ -235,6 +239,13 @@ class RopeScaling:
 
     def replace(self, **changes) -> RopeScaling:
         return RopeScaling(**{**self.fields(), **changes})
+
+    def as_shipped(self) -> RopeScaling:
+        """This spec marked as a checkpoint's own scaling (``is_checkpoint_scaling``): a YaRN
+        read from a config that yarnlib did not write, with knobs showing it was trained so."""
+        spec = self.replace()
+        object.__setattr__(spec, "shipped", True)
+        return spec
 
     def __reduce__(self):  # pickling goes through the validating constructor
         return (_rebuild, (self.fields(),))
@@ -341,8 +352,9 @@ class RopeScaling:
 
     @property
     def is_checkpoint_scaling(self) -> bool:
-        """A checkpoint's own scaling (llama3, longrope other than yarnlib's): kept as it is."""
-        return self.method in CHECKPOINT_METHODS and not self.is_applied_longrope
+        """A checkpoint's own scaling (llama3, longrope other than yarnlib's, a shipped YaRN
+        with its knobs; see ``as_shipped``): kept as it is."""
+        return self.shipped or (self.method in CHECKPOINT_METHODS and not self.is_applied_longrope)
 
     @property
     def max_position_embeddings(self) -> int | None:
@@ -375,12 +387,17 @@ class RopeScaling:
             same = target == self.method
             changes = dict(knobs, factor=factor, original_max_position_embeddings=original)
             if not same or self.replace(**changes) != self:
+                why = (
+                    "its knobs would be dropped and the attention factor changed"
+                    if self.shipped
+                    else "no native form in transformers or vLLM, so patch, config files and "
+                    "vLLM would disagree"
+                )
                 raise ValueError(
                     f"method: the checkpoint already runs rope {self.method!r} "
                     f"({self.describe()}), the frequencies it was trained with; yarnlib keeps "
                     f"them as they are and does not rescale them to method={method!r} "
-                    f"factor={factor!r} (no native form in transformers or vLLM, so patch, config "
-                    f"files and vLLM would disagree). Use method {self.method!r} with factor "
+                    f"factor={factor!r} ({why}). Use method {self.method!r} with factor "
                     f"{self.factor:g}, which runs the checkpoint's context unchanged everywhere; "
                     "for a longer context start from the unscaled base checkpoint"
                 )

@@ -33,6 +33,8 @@ from yarnlib.convert import (
     from_hf,
     has_rope,
     marked_spec,
+    no_rope_message,
+    original_lengths,
     rope_parameters_of,
     rotary_dim_of,
     to_hf,
@@ -79,11 +81,16 @@ class Change:
 # -- reading ------------------------------------------------------------------------------------
 
 
+TOO_DEEP = "nested too deeply to read (a model config nests a few levels)"
+
+
 def _parse(path: Path, text: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: malformed JSON at line {error.lineno}: {error.msg}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: malformed JSON: {TOO_DEEP}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -108,10 +115,7 @@ def read_files(model_dir: str | Path) -> dict[str, str]:
             _parse(path, texts[name])
     config = json.loads(texts[CONFIG])
     if not has_rope(config):
-        raise ValueError(
-            f"{folder / CONFIG}: model_type {config.get('model_type')!r} has no rotary embedding "
-            "(no rope_theta, rope_scaling or rope_parameters); yarnlib config needs a RoPE model"
-        )
+        raise ValueError(f"{folder / CONFIG}: {no_rope_message(config)}")
     return texts
 
 
@@ -185,7 +189,10 @@ def target_spec(
 ) -> RopeScaling:
     """The spec for ``method``/``factor`` on this model: its unscaled rope_theta and rotary dim,
     and its original context unless given (the one recorded in an already scaled config)."""
-    native = from_hf(json.loads(native_files(read_files(model_dir))[CONFIG]))
+    native_config = json.loads(native_files(read_files(model_dir))[CONFIG])
+    native = from_hf(native_config)
+    if original_max_position_embeddings is None and not native.is_checkpoint_scaling:
+        check_one_original(native_config)
     method = canonical_method("yarn" if method is None else method)
     if factor is None:
         if method != "none":
@@ -193,6 +200,24 @@ def target_spec(
         factor = 1.0
     knobs = {k: v for k, v in knobs.items() if v is not None}
     return native.rescaled(method, factor, original_max_position_embeddings, **knobs)
+
+
+def check_one_original(config: dict[str, Any]) -> None:
+    """Refuse a config whose readers take different original contexts L (a top-level
+    original_max_position_embeddings beside another one): the user must say which L."""
+    lengths = original_lengths(config)
+    if len(set(lengths.values())) > 1:
+        read = ", ".join(f"{reader} read L={length}" for reader, length in lengths.items())
+        raise ValueError(
+            f"original_max_position_embeddings: config.json has it at the top level "
+            f"({config.get('original_max_position_embeddings')}) and the readers disagree on the "
+            f"original context ({read}); pass --original-max-position-embeddings"
+        )
+
+
+def _length_value(current: Any, new: int) -> Any:
+    """``new`` in the type the file used: 4096.0 stays a float."""
+    return float(new) if isinstance(current, float) else new
 
 
 def _scale(
@@ -220,6 +245,13 @@ def _scale(
         doc.set(key, value)
     if format == "v4" and partial is not None:
         doc.set("partial_rotary_factor", partial)
+    # transformers 5 and vLLM read a top-level L before the rope dict's: both say the spec's L
+    top = config.get("original_max_position_embeddings")
+    if top is not None and spec.method != "none" and spec.original_max_position_embeddings:
+        doc.set(
+            "original_max_position_embeddings",
+            _length_value(top, spec.original_max_position_embeddings),
+        )
     out = dict(native)
     out[CONFIG] = doc.text
     records = {CONFIG: doc.record()} if doc.text != native[CONFIG] else {}
@@ -231,12 +263,12 @@ def _scale(
     ):
         if name not in native or extended is None:
             continue
-        current = json.loads(native[name]).get(key)
-        if not isinstance(current, int) or isinstance(current, bool) or current >= UNLIMITED:
+        current = _number(json.loads(native[name]).get(key))
+        if current is None or current >= UNLIMITED:
             continue
         if current < extended or (current != extended and not only_raise):
             other = JsonText(native[name])
-            other.set(key, extended)
+            other.set(key, _length_value(current, extended))
             out[name] = other.text
             records[name] = other.record()
     if record and records:
@@ -266,8 +298,16 @@ def plan(
         dim = rotary_dim_of(native_config, rope_parameters_of(native_config))
         if spec.rotary_dim != dim:
             raise ValueError(f"rotary_dim: the spec has {spec.rotary_dim}, the model has {dim}")
+        model = from_hf(native_config)
+        if spec.rope_theta != model.rope_theta:  # a spec for another model (integrations too)
+            raise ValueError(
+                f"rope_theta: the spec has {spec.rope_theta:g}, the model has "
+                f"{model.rope_theta:g}; allowed: a spec for this model"
+            )
         fmt = file_format(native_config) if format == "auto" else format
-        after = _scale(native, spec, fmt)
+        # a checkpoint's own scaling, asked for as it is, stays byte for byte
+        keep = spec.is_checkpoint_scaling and spec == model and format == "auto"
+        after = native if keep else _scale(native, spec, fmt)
     return [Change(name, texts[name], after[name]) for name in texts]
 
 
@@ -321,8 +361,11 @@ def _write_output(source: Path, output: Path, changes: list[Change], weights: st
     if output.resolve().is_relative_to(source.resolve()):
         raise ValueError(f"output: {output} is inside the model folder {source}")
     new = {c.name: c.after.encode() for c in changes}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp"))
+    try:  # a read-only parent, or a file where a folder is expected
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp"))
+    except OSError as error:
+        raise ValueError(f"output: cannot write {output}: {error.strerror}") from None
     try:
         tmp.chmod(source.stat().st_mode & 0o777)  # mkdtemp makes it private
         for root, dirs, files in os.walk(source, followlinks=True):
@@ -383,7 +426,14 @@ def vllm_max_model_len(config: dict[str, Any]) -> int:
     return int(length)
 
 
-def _limit(texts: dict[str, str], name: str, key: str) -> int | None:
+def _number(value: Any) -> int | float | None:
+    """A length limit as a number (integral floats included, 4096.0), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if isinstance(value, int) or value.is_integer() else None
+
+
+def _limit(texts: dict[str, str], name: str, key: str) -> Any:
     return json.loads(texts[name]).get(key) if name in texts else None
 
 
@@ -461,6 +511,13 @@ def show(model_dir: str | Path) -> dict[str, Any]:
     blocks = _disagreeing_blocks(config)
     if blocks:
         problems.append(blocks)
+    lengths = original_lengths(config)
+    if params["rope_type"] in ("yarn", HF_DYNAMIC_YARN) and len(set(lengths.values())) > 1:
+        read = ", ".join(f"{reader} run L={length}" for reader, length in lengths.items())
+        problems.append(
+            f"the readers take different original contexts from config.json ({read}): a "
+            "top-level original_max_position_embeddings beside the rope dict's"
+        )
     if file_format(config) == "v5" and hf_format() == "v4":
         problems.append(
             f"the installed transformers {transformers_version()} ignores rope_parameters: it "
@@ -491,14 +548,15 @@ def show(model_dir: str | Path) -> dict[str, Any]:
             f"scaled for {extended} tokens"
         )
     model_max_length = _limit(texts, TOKENIZER, "model_max_length")
-    finite = isinstance(model_max_length, int) and model_max_length < UNLIMITED
-    if extended is not None and finite and model_max_length != extended:
+    limit = _number(model_max_length)
+    if extended is not None and limit is not None and limit < UNLIMITED and limit != extended:
         problems.append(
             f"tokenizer_config.json model_max_length={model_max_length}, but the model's "
             f"context is {extended}"
         )
     max_length = _limit(texts, GENERATION, "max_length")
-    if extended is not None and isinstance(max_length, int) and max_length < extended:
+    short = _number(max_length)
+    if extended is not None and short is not None and short < extended:
         problems.append(
             f"generation_config.json max_length={max_length} is below the context {extended}: "
             "generate() stops there unless told otherwise"

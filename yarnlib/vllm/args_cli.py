@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from yarnlib.config.files import CONFIG, current_spec, read_files
+from yarnlib.config.files import CONFIG, check_one_original, current_spec, read_files
 from yarnlib.convert import head_dim_of
 from yarnlib.spec import METHODS, RopeScaling
 from yarnlib.spec_file import spec_on_model
@@ -18,7 +18,10 @@ def spec_for_model(
     model_dir: str | Path, method: str, factor: float, original: int | None = None
 ) -> RopeScaling:
     """``method`` at ``factor`` on the *unscaled* model in ``model_dir`` (never compounded)."""
-    return current_spec(model_dir).rescaled(method, factor, original)
+    native = current_spec(model_dir)
+    if original is None and not native.is_checkpoint_scaling:
+        check_one_original(json.loads(read_files(model_dir)[CONFIG]))
+    return native.rescaled(method, factor, original)
 
 
 # Up to 0.12 only vLLM's Llama code passes config.partial_rotary_factor to get_rope.

@@ -82,6 +82,8 @@ def llm_kwargs(
 
 def serve_args(model: str, kwargs: dict[str, Any]) -> list[str]:
     """The ``vllm serve`` argument list equal to ``vllm.LLM(model, **kwargs)``."""
+    if model.startswith("-"):  # else vllm serve would take the folder for an option
+        model = f"./{model}"
     args = [model, "--hf-overrides", json.dumps(kwargs["hf_overrides"], separators=(",", ":"))]
     if kwargs.get("max_model_len") is not None:
         args += ["--max-model-len", str(kwargs["max_model_len"])]
