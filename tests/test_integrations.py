@@ -253,3 +253,61 @@ def test_examples_are_consistent(name):
     data = cfg["data"]
     assert rollout["max_model_len"] == data["max_prompt_length"] + data["max_response_length"]
     assert rollout["max_model_len"] <= target.max_position_embeddings
+
+
+# -- issue 26: every model path of the checkpoint, every spec field checked ----------------
+
+
+def test_verl_points_critic_and_reward_model_at_the_scaled_folder(verl_cfg, model_dir, tmp_path):
+    verl_cfg["critic"] = {"model": {"path": str(model_dir)}}
+    verl_cfg["reward_model"] = {"model": {"path": str(model_dir) + "/"}}
+    verl_cfg["reward"] = {"reward_model": {"model_path": str(model_dir)}}
+    out = verl.apply(verl_cfg, spec(), output=tmp_path / "scaled")
+    scaled = str(tmp_path / "scaled")
+    assert out["critic"]["model"]["path"] == scaled
+    assert out["reward_model"]["model"]["path"] == scaled
+    assert out["reward"]["reward_model"]["model_path"] == scaled
+
+
+def test_easyr1_points_the_critic_at_the_scaled_folder(easyr1_cfg, model_dir, tmp_path):
+    easyr1_cfg["worker"]["critic"] = {"model": {"model_path": str(model_dir)}}
+    out = easyr1.apply(easyr1_cfg, spec(), output=tmp_path / "scaled")
+    assert out["worker"]["critic"]["model"]["model_path"] == str(tmp_path / "scaled")
+
+
+@pytest.mark.parametrize("framework", ["verl", "easyr1"])
+def test_another_short_checkpoint_as_critic_is_refused(framework, verl_cfg, easyr1_cfg, tmp_path):
+    from tiny_models import tiny_model
+
+    other = tmp_path / "other"
+    tiny_model("llama", head_dim=32).save_pretrained(other)  # context 256 < 768 tokens
+    if framework == "verl":
+        cfg, dotted, apply = verl_cfg, "critic.model.path", verl.apply
+        verl_cfg["critic"] = {"model": {"path": str(other)}}
+    else:
+        cfg, dotted, apply = easyr1_cfg, "worker.critic.model.model_path", easyr1.apply
+        easyr1_cfg["worker"]["critic"] = {"model": {"model_path": str(other)}}
+    with pytest.raises(ValueError, match=rf"{dotted}: .* context of 256 tokens, below the 768"):
+        apply(cfg, spec(), output=tmp_path / "scaled")
+    assert not (tmp_path / "scaled").exists()
+
+
+@pytest.mark.parametrize("framework", ["verl", "easyr1", "trl"])
+def test_a_spec_with_another_rope_theta_is_refused(
+    framework, verl_cfg, easyr1_cfg, model_dir, tmp_path
+):
+    other = RopeScaling("yarn", 4.0, 256, 5e5, 32)  # the model has rope_theta 50000
+    before = (model_dir / "config.json").read_bytes()
+    with pytest.raises(ValueError, match="rope_theta: the spec has 500000, the model has 50000"):
+        if framework == "verl":
+            verl.apply(verl_cfg, other, in_place=True)
+        elif framework == "easyr1":
+            easyr1.apply(easyr1_cfg, other, in_place=True)
+        else:
+            pytest.importorskip("trl")
+            from yarnlib.integrations import trl
+
+            kwargs = dict(output_dir=str(tmp_path / "t"), use_cpu=True, max_completion_length=64)
+            trl.apply(model_dir, other, kwargs, output=tmp_path / "scaled")
+    assert (model_dir / "config.json").read_bytes() == before
+    assert not (tmp_path / "scaled").exists()

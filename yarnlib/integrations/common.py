@@ -112,6 +112,40 @@ def rewrite_model_folder(
         model[path_key] = str(output)
 
 
+def _at(cfg: dict[str, Any], dotted: str) -> tuple[dict[str, Any], str] | None:
+    """The (section, key) holding ``dotted`` where the config sets it, else None."""
+    *parents, key = dotted.split(".")
+    node: Any = cfg
+    for name in parents:
+        node = node.get(name) if isinstance(node, dict) else None
+    return (node, key) if isinstance(node, dict) and node.get(key) else None
+
+
+def same_checkpoint_paths(
+    cfg: dict[str, Any], dotted_keys: tuple[str, ...], source: str | Path, length: int
+) -> list[tuple[dict[str, Any], str]]:
+    """The model paths (critic, reward model) naming the checkpoint ``source`` too: they must
+    load the scaled folder as well, or they run unscaled RoPE beyond L. A local folder of another
+    checkpoint whose context is below ``length`` tokens is refused."""
+    shared = []
+    for dotted in dotted_keys:
+        found = _at(cfg, dotted)
+        if found is None:
+            continue
+        path = Path(str(found[0][found[1]])).expanduser()
+        if path.resolve() == Path(source).expanduser().resolve():
+            shared.append(found)
+        elif (path / "config.json").is_file():
+            context = config.show(path)["extended_context"]
+            if context is not None and context < length:
+                raise ValueError(
+                    f"{dotted}: {str(path)!r} is another checkpoint, with a context of {context} "
+                    f"tokens, below the {length} tokens of a sequence here; scale it too (yarnlib "
+                    "config) or point it at the scaled actor checkpoint"
+                )
+    return shared
+
+
 def require_rollout_reads(spec: RopeScaling, vllm_version: str | None, fallback: str) -> str:
     """The rollout's vLLM version (``vllm_version``, else the installed one, else ``fallback``),
     refusing what that version would read from the rewritten config.json otherwise than the

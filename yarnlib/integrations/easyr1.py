@@ -20,6 +20,7 @@ from yarnlib.integrations.common import (
     require_rollout_reads,
     require_static,
     rewrite_model_folder,
+    same_checkpoint_paths,
     section,
     sequence_length,
 )
@@ -52,7 +53,11 @@ def apply(
     refuse_rope_keys(override, "worker.actor.model.override_config", "the actor")
     total = sequence_length(cfg, spec, "max_prompt_length", "max_response_length")
     max_model_len = total or spec.max_position_embeddings
+    critic = ("worker.critic.model.model_path",)
+    shared = same_checkpoint_paths(cfg, critic, model["model_path"], max_model_len)
     rewrite_model_folder(model, "model_path", spec, output, in_place)
+    for node, key in shared:
+        node[key] = model["model_path"]
     rollout = section(cfg, "worker.rollout")
     rollout["max_model_len"] = max_model_len
     # EasyR1 disables chunked prefill by default; vLLM then needs budget >= max_model_len.

@@ -24,6 +24,7 @@ from yarnlib.integrations.common import (
     require_rollout_reads,
     require_static,
     rewrite_model_folder,
+    same_checkpoint_paths,
     section,
     sequence_length,
 )
@@ -31,6 +32,8 @@ from yarnlib.spec import RopeScaling
 from yarnlib.vllm import versions
 
 MODEL = "actor_rollout_ref.model"
+# The other model paths of verl 0.9.1's ppo_trainer.yaml (legacy and new reward model sections).
+OTHER_MODELS = ("critic.model.path", "reward_model.model.path", "reward.reward_model.model_path")
 HF_OVERRIDES = "actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides"
 
 
@@ -79,7 +82,10 @@ def apply(
     refuse_rope_keys(vllm_kwargs.get("hf_overrides"), HF_OVERRIDES, "the rollout")
     total = sequence_length(cfg, spec, "max_prompt_length", "max_response_length")
     max_model_len = total or spec.max_position_embeddings
+    shared = same_checkpoint_paths(cfg, OTHER_MODELS, model["path"], max_model_len)
     rewrite_model_folder(model, "path", spec, output, in_place)
+    for node, key in shared:
+        node[key] = model["path"]
     if length:
         model["override_config"] = {**override, **length}
     rollout["max_model_len"] = max_model_len
