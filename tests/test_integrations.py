@@ -172,6 +172,23 @@ def test_verl_refuses_lengths_beyond_the_spec(verl_cfg, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("framework", ["verl", "easyr1"])
+def test_prompt_plus_response_may_reach_the_scaled_context(framework, model_dir, tmp_path):
+    """256 + 768 = L × s = 1024 is accepted (and becomes max_model_len); one more is refused."""
+    module, text = (verl, VERL_YAML) if framework == "verl" else (easyr1, EASYR1_YAML)
+    cfg = yaml.safe_load(text.replace("MODEL", str(model_dir)))
+    cfg["data"]["max_response_length"] = 769
+    with pytest.raises(ValueError, match=r"= 1025 exceeds what .* covers \(1024 = "):
+        module.apply(cfg, spec(), output=tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+    cfg["data"]["max_response_length"] = 768
+    out = module.apply(cfg, spec(), output=tmp_path / "o")
+    rollout = (
+        out["actor_rollout_ref"]["rollout"] if framework == "verl" else out["worker"]["rollout"]
+    )
+    assert rollout["max_model_len"] == 1024
+
+
 @pytest.mark.parametrize("method", ["dynamic_yarn", "dynamic_ntk"])
 def test_dynamic_methods_refused(method, tmp_path):
     with pytest.raises(ValueError, match="static method"):
