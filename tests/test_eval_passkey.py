@@ -1,3 +1,4 @@
+import importlib
 import re
 
 import pytest
@@ -224,3 +225,35 @@ def test_a_repeated_prompt_or_its_prefix_reuses_all_but_the_last_token(tok, sdpa
             want = sdpa_model(input_ids=torch.tensor([prompt])).logits[0, -1]
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
         assert cache.reused - reused == reuses
+
+
+def test_the_cached_path_declares_what_generate_declares(tok, sdpa_model, monkeypatch):
+    """A dynamic method's scale depends on the declared length: answer() with a cache must
+    declare prompt + max_new_tokens as the patched generate() does, and its first logits must
+    be generate's (the tiny model's replies would hide a wrong scale)."""
+    patch_module = importlib.import_module("yarnlib.patches.patch")  # the package's patch()
+
+    apply_method(sdpa_model, parse_methods("dynamic_yarn:4")[0])
+    declared, first_logits = {"answer": [], "generate": []}, []
+
+    def spy(real, into):
+        def declare(model, length):
+            declared[into].append(length)
+            return real(model, length)
+
+        return declare
+
+    monkeypatch.setattr(passkey, "declare_length", spy(passkey.declare_length, "answer"))
+    monkeypatch.setattr(
+        patch_module, "declare_length", spy(patch_module.declare_length, "generate")
+    )
+    real_prefill = passkey.prefill
+    monkeypatch.setattr(
+        passkey, "prefill", lambda *a: first_logits.append(real_prefill(*a)) or first_logits[-1]
+    )
+    prompt = build_prompt(tok, 400, 0.5, seed="declared")
+    passkey.answer(sdpa_model, tok, prompt, max_new_tokens=8, cache=PromptCache(True))
+    want = generated_logits(sdpa_model, prompt.input_ids, max_new_tokens=8)
+    assert declared == {"answer": [408], "generate": [408]}
+    torch.testing.assert_close(first_logits[0], want, rtol=0, atol=2e-5)
+    apply_method(sdpa_model, parse_methods("none")[0])
