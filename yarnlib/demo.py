@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from yarnlib import atomic
 from yarnlib.cli import main as yarnlib_main
 
 
@@ -46,7 +47,7 @@ def run(args) -> int:
     if code:
         return code
     result = summary(output)
-    (output / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    atomic.write_text(output / "summary.json", json.dumps(result, indent=2) + "\n")
     print(f"summary: {output / 'summary.json'}")
     return 0
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
+from yarnlib import atomic
 from yarnlib.config import current_spec
 from yarnlib.frequencies import base_inv_freq, extrapolation_weight
 from yarnlib.spec import METHODS, RAMP_METHODS, RopeScaling, canonical_method
@@ -110,7 +110,7 @@ def plot(spec: RopeScaling, path: Path) -> dict[str, Any]:
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    _replace_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format=path.suffix[1:]))
+    atomic.write_figure(path, fig, dpi=110)
     plt.close(fig)
     data = {
         "written_by": DATA_WRITER,
@@ -119,7 +119,7 @@ def plot(spec: RopeScaling, path: Path) -> dict[str, Any]:
         "spec": spec.fields(),
     }
     text = json.dumps(data, indent=2) + "\n"
-    _replace_atomically(data_path(path), lambda tmp: Path(tmp).write_text(text))
+    atomic.write_text(data_path(path), text, "plot")
     return data
 
 
@@ -149,17 +149,6 @@ def _written_by_plot(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     return isinstance(data, dict) and data.get("written_by") == DATA_WRITER
-
-
-def _replace_atomically(path: Path, write) -> None:
-    """``write(temporary path)``, then rename it over ``path``: a failed run leaves it as it was."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # created with the umask's mode
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def spec_from_args(args: argparse.Namespace) -> RopeScaling:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -54,7 +55,10 @@ def smollm2_dir() -> Path:
     model.load_state_dict(quantized.state_dict())
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
     # Write beside the target and rename: several processes may convert at the same time.
-    staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    # (mkdtemp: a fresh folder of an unpredictable name, never one planted in the cache)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    staging.chmod(0o755)  # mkdtemp makes it private; the cache is read like any model folder
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     try:
@@ -77,6 +81,10 @@ def load_config(name: str):
         return AutoConfig.from_pretrained(resolve(name))
     except OSError as error:
         raise ValueError(f"model: cannot load a config from {name!r}: {error}") from None
+    except RecursionError:  # the JSON decoder's limit, not ours
+        raise ValueError(
+            f"model: the config.json of {name!r} is malformed: nested too deeply"
+        ) from None
 
 
 def load_model(name: str, dtype=torch.float32, attn_implementation: str = "sdpa"):

@@ -7,10 +7,10 @@ included, so applying it to a model re-scales from the native settings and never
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from yarnlib import atomic
 from yarnlib.spec import RopeScaling
 
 FORMAT = "yarnlib-rope-spec/1"
@@ -18,14 +18,7 @@ FORMAT = "yarnlib-rope-spec/1"
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> Path:
     """Write ``payload`` atomically: a reader sees the old or the new file, never half of one."""
-    path = Path(path)
-    staging = path.with_name(f"{path.name}.tmp")
-    with staging.open("w") as f:
-        f.write(json.dumps(payload, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(staging, path)
-    return path
+    return atomic.write_text(path, json.dumps(payload, indent=2) + "\n")
 
 
 def write_spec_file(path: str | Path, spec: RopeScaling, **extra: Any) -> Path:
@@ -43,6 +36,10 @@ def read_spec_file(path: str | Path) -> RopeScaling:
         raise ValueError(f"spec: cannot read {path} ({error.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"spec: {path} is not JSON ({error}); allowed: a best.json") from None
+    except RecursionError:
+        raise ValueError(
+            f"spec: {path} is malformed: nested too deeply; allowed: a best.json"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise ValueError(

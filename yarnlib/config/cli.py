@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from yarnlib import atomic
 from yarnlib.config import files
 from yarnlib.spec import METHODS, YARN_KNOB_DEFAULTS
 from yarnlib.spec_file import spec_on_model
@@ -65,6 +66,15 @@ def _requested(args: argparse.Namespace) -> dict[str, Any]:
     if args.no_truncate:
         given["truncate"] = False
     return {k: v for k, v in given.items() if v is not None}
+
+
+def locked(args: argparse.Namespace) -> int:
+    """``run``, holding the folder's lock for the whole command when it rewrites in place: a
+    second rewrite meanwhile is refused as busy (exit 2), not raced."""
+    if not args.in_place:
+        return run(args)
+    with atomic.lock_folder(args.model_dir, "config --in-place"):
+        return run(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,4 +172,4 @@ def register(subparsers) -> None:
         default="symlink",
         help="with --output: symlink (default) or copy the weight files",
     )
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=locked)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from yarnlib import atomic
 
 JOURNAL = ".yarnlib_journal.json"
 
@@ -29,17 +30,7 @@ class Write:
 
 def _stage(path: Path, data: bytes, mode: int) -> Path:
     """Write ``data`` to a temporary file beside ``path``, flushed to disk."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return Path(tmp)
+    return atomic.stage(path, lambda fd: atomic.write_all(fd, data), mode)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from yarnlib import atomic
 from yarnlib.chunked_loss import IGNORE_INDEX, shift_labels
 from yarnlib.documents import load_documents
 
@@ -94,9 +95,8 @@ def tokenize(
     lengths = torch.tensor([p.numel() for p in pieces])
     stream = TokenStream(torch.cat(pieces), torch.cumsum(lengths, 0) - lengths, key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f"{path.name}.tmp")  # a killed write never leaves a bad cache
-    torch.save({"tokens": stream.tokens, "doc_starts": stream.doc_starts}, staging)
-    staging.replace(path)
+    tensors = {"tokens": stream.tokens, "doc_starts": stream.doc_starts}
+    atomic.write_with(path, lambda f: torch.save(tensors, f), "cache")  # never a bad cache
     return stream
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 from accelerate.utils import is_swanlab_available, is_tensorboard_available, is_wandb_available
 
+from yarnlib import atomic
+
 TRACKERS = {
     "tensorboard": is_tensorboard_available,
     "wandb": is_wandb_available,
@@ -51,8 +53,7 @@ class JsonlLog:
 
     def write(self, record: dict) -> None:
         if self.enabled:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+            atomic.append_text(self.path, json.dumps(record) + "\n", "log")
 
     def records(self) -> list[dict]:
         if not self.path.is_file():

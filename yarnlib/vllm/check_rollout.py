@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from yarnlib import atomic
 from yarnlib.spec import RopeScaling
 from yarnlib.vllm.args_cli import add_spec_arguments, model_kwargs, spec_from_args
 
@@ -26,7 +27,14 @@ def prompt_ids(model_dir: str | Path, length: int, seed: int, text_file: str | N
     if text_file:
         from transformers import AutoTokenizer
 
-        ids = AutoTokenizer.from_pretrained(model_dir)(Path(text_file).read_text())["input_ids"]
+        try:
+            text = Path(text_file).read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            reason = getattr(error, "strerror", None) or str(error)
+            raise ValueError(
+                f"prompt_file: cannot read {text_file!r} ({reason}); allowed: a UTF-8 text file"
+            ) from None
+        ids = AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"]
         if not ids:
             raise ValueError(f"prompt_file: {text_file!r} has no tokens")
         return (ids * (length // len(ids) + 1))[:length]
@@ -185,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print_report(report)
     if args.json:  # a file: vLLM logs to stdout
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        atomic.write_text(args.json, json.dumps(report, indent=2) + "\n", "json")
     return 0 if report["passed"] else 1
 
 
