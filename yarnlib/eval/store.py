@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from yarnlib import atomic
 
 CELLS = "cells.jsonl"
 
@@ -29,9 +31,11 @@ class CellStore:
         resume: bool,
         filename: str = CELLS,
         row_settings: dict[str, dict] | None = None,
+        required: tuple[str, ...] = (),
     ):
         """``row_settings``: what else makes one method's cells comparable (a spec file's
-        content, by row label): an edited file recomputes its own row, not the others."""
+        content, by row label): an edited file recomputes its own row, not the others.
+        ``required``: the fields a stored record must hold besides its key (what is read back)."""
         self.output = Path(output)
         self.path = self.output / filename
         try:
@@ -41,9 +45,11 @@ class CellStore:
                 f"output: {self.output} cannot be a results folder ({error.strerror}); "
                 "allowed: a new or existing folder"
             ) from None
+        atomic.refuse_symlink(self.path)  # appends would go into whatever it points to
         if self.path.exists() and not self.path.is_file():
             raise ValueError(f"output: {self.path} is not a file; allowed: {filename} as a file")
         self.key_fields = key_fields
+        self.required = required
         self.settings = settings
         self.row_settings = row_settings or {}
         self.ids = {m: settings_id({**settings, "row": r}) for m, r in self.row_settings.items()}
@@ -62,11 +68,11 @@ class CellStore:
                 if record["settings_id"] == self.id_of(record):
                     self.done[self.key(record)] = record
         else:
-            self.path.write_text("")  # a fresh run starts a fresh file
+            atomic.write_text(self.path, "")  # a fresh run starts a fresh file
 
     def _check(self, record, number: int) -> None:
         """Refuse a line that parses but is no cell record (edited by hand, another file)."""
-        needed = (*self.key_fields, "settings_id")
+        needed = (*self.key_fields, *self.required, "settings_id")
         missing = [f for f in needed if f not in record] if isinstance(record, dict) else needed
         if missing:
             raise ValueError(
@@ -97,11 +103,8 @@ class CellStore:
     def add(self, record: dict) -> None:
         record = {**record, "settings_id": self.id_of(record)}
         # Rewrite-free append, flushed to disk: a kill loses at most the cell in progress.
-        with self.path.open("a") as f:
-            # a new line after a cut-short one: appended to it, this cell would be lost too
-            f.write(("\n" if self.cut_short else "") + json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        # a new line after a cut-short one: appended to it, this cell would be lost too
+        atomic.append_text(self.path, ("\n" if self.cut_short else "") + json.dumps(record) + "\n")
         self.cut_short = False
         self.done[self.key(record)] = record
 
@@ -111,7 +114,7 @@ class CellStore:
         json_path = self.output / f"{name}.json"
         rows = {"row_settings": self.row_settings} if self.row_settings else {}
         payload = {"settings": self.settings, **rows, "cells": cells, **(extra or {})}
-        json_path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        atomic.write_text(json_path, json.dumps(payload, indent=2, default=str) + "\n")
         return json_path, write_csv(self.output / f"{name}.csv", cells)
 
 
@@ -120,11 +123,11 @@ def write_csv(path: Path, rows: list[dict]) -> Path:
     columns: list[str] = []
     for row in rows:
         columns += [k for k, v in row.items() if k not in columns and not _nested(v)]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return atomic.write_text(path, text.getvalue())
 
 
 def _nested(value: Any) -> bool:

@@ -21,6 +21,8 @@ from yarnlib.tune.search import SPACES, Search, objective, to_spec, trial_key
 TRIALS = "trials.jsonl"
 BEST = "best.json"
 FINAL = "final.json"
+# what a resumed search reads from each stored trial
+READ_BACK = ("trial", "space", "length", "objective", "nll_within_original")
 
 
 def samples_of(field: str, sources, tokenizer, text_column: str, length: int, count: int):
@@ -77,7 +79,7 @@ def run(args) -> int:
         "text_column": args.text_column,
         "samples": args.samples,
     }
-    store = CellStore(output, ("key",), settings, resume=True, filename=TRIALS)
+    store = CellStore(output, ("key",), settings, resume=True, filename=TRIALS, required=READ_BACK)
     tokenizer = AutoTokenizer.from_pretrained(resolve(args.model))
     length = args.target_length
     calibration = samples_of(
