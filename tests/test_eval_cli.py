@@ -5,7 +5,7 @@ import signal
 from itertools import pairwise
 
 import pytest
-from test_eval_support import text_dataset, tiny_folder
+from test_eval_support import corpus_text, text_dataset, tiny_folder
 
 import yarnlib.eval.cli as eval_cli
 from yarnlib.cli import main
@@ -109,6 +109,33 @@ def test_an_edited_spec_file_recomputes_its_own_row_only(model_dir, data_dir, tm
         assert nll[row] == before[row]["nll"]
     assert abs(nll["spec:edited"] - before["spec:edited"]["nll"]) > 1e-3  # attention 1.3, not 1.1
     assert after["row_settings"]["spec:edited"]["attention_factor"] == 1.3
+
+
+def test_a_changed_document_is_measured_again(model_dir, tmp_path, capsys):
+    data = text_dataset(tmp_path / "data", {"a": 600})
+    args = ["eval", "perplexity", "--model", str(model_dir), "--dataset", str(data),
+            "--methods", "none", "--lengths", "128", "--samples", "1", "--resume"]  # fmt: skip
+    assert main([*args, "--output", str(tmp_path / "out")]) == 0
+    (data / "a.txt").write_text(corpus_text(600, seed=5))  # same path, other text
+    capsys.readouterr()
+    assert main([*args, "--output", str(tmp_path / "out")]) == 0
+    assert "computed 1 cells" in capsys.readouterr().out  # not the stale cell
+    assert main([*args, "--output", str(tmp_path / "fresh")]) == 0
+    resumed, fresh = (cells(tmp_path / d)[-1]["nll"] for d in ("out", "fresh"))
+    assert resumed == fresh
+
+
+def test_fewer_long_documents_than_samples_are_said(model_dir, tmp_path, capsys):
+    data = text_dataset(tmp_path / "data", {"a": 600, "b": 200})  # one of them reaches 384
+    args = ["eval", "perplexity", "--model", str(model_dir), "--dataset", str(data),
+            "--methods", "none", "--lengths", "128,384", "--samples", "2",
+            "--output", str(tmp_path / "out")]  # fmt: skip
+    capsys.readouterr()
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "warning: samples: 2 requested, but too few documents are that long: 1 at 384 tokens;" in err
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    assert rows["samples"] == ["2", "1"]  # the table says how many each length used
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_eval_support import text_dataset, tiny_folder
+from test_eval_support import corpus_text, text_dataset, tiny_folder
 from tiny_models import native_rope_keys, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -286,6 +286,35 @@ def test_rerun_continues_the_search(model_dir, tmp_path, capsys, space):
     assert set(final["start"]["held_out"]) >= {"objective", "nll_within_original"}
 
 
+def test_a_changed_calibration_file_is_searched_again(model_dir, tmp_path, capsys):
+    data = text_dataset(tmp_path / "data", {"a": 1500, "b": 1500})
+    assert tune(model_dir, data, tmp_path / "out", 2, "--space", "yarn") == 0
+    (data / "a.txt").write_text(corpus_text(1500, seed=7))  # same path, other text
+    capsys.readouterr()
+    assert tune(model_dir, data, tmp_path / "out", 2, "--space", "yarn") == 0
+    assert "(2 computed now)" in capsys.readouterr().out  # no stale trial reused
+    assert tune(model_dir, data, tmp_path / "fresh", 2, "--space", "yarn") == 0
+    resumed, fresh = (
+        json.loads((tmp_path / d / "final.json").read_text()) for d in ("out", "fresh")
+    )
+    assert resumed["best"]["calibration"] == fresh["best"]["calibration"]
+
+
+def test_resuming_with_another_target_length_is_refused(model_dir, tmp_path, capsys):
+    data = text_dataset(tmp_path / "data", {"a": 1500})
+    out = tmp_path / "out"
+    assert tune(model_dir, data, out, 1, "--space", "yarn") == 0
+    first_err = capsys.readouterr().err
+    best = (out / "best.json").read_bytes()
+    argv = ["tune", "--model", str(model_dir), "--target-length", str(3 * N // 4), "--dataset"]
+    assert main([*argv, str(data), "--budget", "1", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"holds a search for {N} tokens" in err and f"asks for {3 * N // 4}" in err
+    assert (out / "best.json").read_bytes() == best
+    # one document for --samples 2: said, not silent (issue 26 D15)
+    assert "warning: samples: 2 requested, but too few documents" in first_err
+
+
 def test_spearman_against_a_hand_computed_example():
     # ranks differ by 1,1,1,1,0: rho = 1 - 6 * 4 / (5 * (25 - 1)) = 0.8
     assert spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
@@ -358,6 +387,10 @@ def test_ctrl_c_keeps_the_trials_and_the_best_so_far(
         ({"--dataset": "short"}, "dataset: no document has the target length of 512 tokens"),
         ({"--space": "all"}, "space: 'all'; allowed: yarn, per-dim, both"),
         ({"--proxy-length": str(N)}, "proxy_length: 512; allowed: a length between the original"),
+        (  # 0 is not "from the config" (issue 26 D18)
+            {"--original-max-position-embeddings": "0"},
+            "original_max_position_embeddings must be a positive integer, got 0",
+        ),
     ],
 )
 def test_bad_input_is_refused_by_name(model_dir, tmp_path, capsys, change, message):

@@ -156,9 +156,14 @@ def run_perplexity(
 
 
 def table(
-    records: list[dict], value: str = "perplexity", fmt: str = "{:.2f}", column: int = 9
+    records: list[dict],
+    value: str = "perplexity",
+    fmt: str = "{:.2f}",
+    column: int = 9,
+    count: str | None = None,
 ) -> str:
-    """Methods down, lengths across, ``column`` characters a value."""
+    """Methods down, lengths across, ``column`` characters a value; with ``count``, a last row
+    with the fewest ``count`` (samples) of each length's cells."""
     lengths = sorted({r["length"] for r in records})
     methods = list(dict.fromkeys(r["method"] for r in records))
     cell = {(r["method"], r["length"]): r[value] for r in records}
@@ -170,4 +175,7 @@ def table(
             f"{m:<{width}} "
             + " ".join(f"{'-' if v is None else fmt.format(v):>{column}}" for v in values)
         )
+    if count is not None:
+        fewest = [min(r[count] for r in records if r["length"] == n) for n in lengths]
+        lines.append(f"{count:<{width}} " + " ".join(f"{k:>{column}}" for k in fewest))
     return "\n".join(lines)

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from yarnlib import atomic
 
 CELLS = "cells.jsonl"
@@ -20,6 +22,15 @@ def settings_id(settings: dict[str, Any]) -> str:
     reuses only cells computed under the same settings."""
     blob = json.dumps(settings, sort_keys=True, default=str).encode()
     return hashlib.sha1(blob).hexdigest()[:12]
+
+
+def content_id(token_ids) -> str:
+    """A short hash of token id tensors: stored results are keyed on the text they measured, so a
+    file changed at the same path is measured again, not reused."""
+    digest = hashlib.sha1()
+    for ids in token_ids:
+        digest.update(str(len(ids)).encode() + b":" + ids.to(dtype=torch.int64).numpy().tobytes())
+    return digest.hexdigest()[:12]
 
 
 class CellStore:
