@@ -51,22 +51,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_agree_on_the_weights(tmp_path):
+def common_args(tmp_path, *extra: str) -> list[str]:
     model = model_dir(tmp_path / "model")
     data = text_folder(tmp_path / "data", cyclic_texts(40))
-    script = tmp_path / "two_ranks.py"
-    script.write_text(SCRIPT)
-    report = tmp_path
-    common = [
+    return [
         "--model", str(model), "--dataset", str(data), "--cache-dir", str(tmp_path / "cache"),
         "--seq-len", "32", "--batch-size", "2", "--steps", "2", "--method", "yarn",
-        "--factor", "2", "--lr", "1e-3", "--warmup-steps", "0", "--report-to", "none",
-        "--no-cross-document-attention",
+        "--lr", "1e-3", "--warmup-steps", "0", "--report-to", "none", *extra,
     ]  # fmt: skip
+
+
+def two_ranks(tmp_path, common: list[str]) -> list[dict]:
+    """Run ``common`` on two torchrun processes (output tmp_path/run); each rank's report."""
+    script = tmp_path / "two_ranks.py"
+    script.write_text(SCRIPT)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), str(report),
-        *common, "--output", str(tmp_path / "run"),
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script),
+        str(tmp_path), *common, "--output", str(tmp_path / "run"),
     ]  # fmt: skip
     env = {
         **os.environ,
@@ -76,7 +78,21 @@ def test_two_processes_agree_on_the_weights(tmp_path):
     }
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+
+
+def one_process_agrees(tmp_path, common: list[str], rank: dict) -> None:
+    """One process accumulating the two halves of the global batch ends where the ranks did."""
+    single = train(parse_args([*common, "--grad-accum", "2", "--output", str(tmp_path / "one")]))
+    weights = torch.cat([p.detach().flatten() for p in single.model.parameters()])
+    torch.testing.assert_close(rank["weights"], weights, rtol=0, atol=1e-6)
+    assert rank["losses"] == pytest.approx(single.losses, rel=1e-6)
+
+
+def test_two_processes_agree_on_the_weights(tmp_path):
+    common = common_args(tmp_path, "--factor", "2", "--no-cross-document-attention")
+    model = common[1]
+    ranks = two_ranks(tmp_path, common)
     assert [(r["world"], r["backend"]) for r in ranks] == [(2, "gloo"), (2, "gloo")]
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])
     assert ranks[0]["losses"] == ranks[1]["losses"] and len(ranks[0]["losses"]) == 2
@@ -90,7 +106,13 @@ def test_two_processes_agree_on_the_weights(tmp_path):
     assert not (tmp_path / "run" / "model.tmp").exists()  # the slow rank wrote into no stray copy
     # Each rank must train on its own half of the global batch: one process accumulating both
     # halves ends where the two did (had both ranks read the same rows, it would not).
-    single = train(parse_args([*common, "--grad-accum", "2", "--output", str(tmp_path / "one")]))
-    weights = torch.cat([p.detach().flatten() for p in single.model.parameters()])
-    torch.testing.assert_close(ranks[0]["weights"], weights, rtol=0, atol=1e-6)
-    assert ranks[0]["losses"] == pytest.approx(single.losses, rel=1e-6)
+    one_process_agrees(tmp_path, common, ranks[0])
+
+
+def test_two_processes_with_pose_equal_one(tmp_path):
+    """PoSE ids are drawn for the global batch from (seed, step): each rank takes its rows'
+    ids, so two ranks end where one process accumulating both halves does."""
+    common = common_args(tmp_path, "--pose", "--target-length", "512", "--pose-chunks", "3")
+    ranks = two_ranks(tmp_path, common)
+    assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])
+    one_process_agrees(tmp_path, common, ranks[0])

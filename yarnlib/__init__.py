@@ -2,6 +2,7 @@
 YaRN, Dynamic-YaRN) for transformers, vLLM, config files and evaluations."""
 
 from yarnlib.patches import SUPPORTED, declare_length, patch, register_hf, unpatch
+from yarnlib.pose import pose_position_ids
 from yarnlib.spec import ALIASES, METHODS, RopeScaling
 
 __version__ = "0.1.0"
@@ -13,6 +14,7 @@ __all__ = [
     "__version__",
     "declare_length",
     "patch",
+    "pose_position_ids",
     "register_hf",
     "unpatch",
 ]

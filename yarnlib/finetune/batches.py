@@ -9,6 +9,14 @@ no mask. Without it, each document attends only to itself:
 - sdpa / eager (CPU, or GPU without flash-attn): an explicit 4-D block-diagonal causal mask,
   ``[batch, 1, seq_len, seq_len]``, boolean for SDPA and additive for eager attention. It costs
   seq_len² per row, fine on CPU-sized runs; at long context install flash-attn.
+
+PoSE (``pose`` positions, ``yarnlib.pose``) gives every row explicit position ids with skips.
+transformers (5.x) reads position ids without an attention mask as packed sequences and starts
+a new one wherever two neighbours differ by more than 1, which would cut a row at every skip:
+so a PoSE row with cross-document attention also carries an all-ones 2-D attention mask (plain
+causal attention; flash-attn then takes the one sequence start at position 0). Without
+cross-document attention the positions restart at every document (``yarnlib.pose.restart_at``)
+and the masks above are built from those (position 0 only at true starts).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from yarnlib.finetune.data import PackedRows, labels_for
+from yarnlib.pose import restart_at
 
 
 def block_causal_mask(position_ids: torch.Tensor) -> torch.Tensor:
@@ -39,12 +48,20 @@ def micro_batch(
     cross_document: bool,
     attn_implementation: str,
     dtype: torch.dtype = torch.float32,
+    pose: torch.Tensor | None = None,
 ) -> tuple[dict, torch.Tensor]:
-    """``(model kwargs, labels)`` for ``rows``; labels are already shifted (-100 = unscored)."""
+    """``(model kwargs, labels)`` for ``rows``; labels are already shifted (-100 = unscored).
+    ``pose``: PoSE position ids of these rows (``[rows, seq_len]``, see the module doc)."""
     input_ids = data.input_ids(rows)
-    if cross_document:
+    if cross_document and pose is None:
         return {"input_ids": input_ids}, labels_for(input_ids, None)
+    if cross_document:  # the mask keeps transformers from cutting the row at every skip
+        mask = torch.ones_like(input_ids)
+        inputs = {"input_ids": input_ids, "position_ids": pose, "attention_mask": mask}
+        return inputs, labels_for(input_ids, None)
     position_ids = data.position_ids(rows)
+    if pose is not None:
+        position_ids = restart_at(pose, position_ids == 0)
     labels = labels_for(input_ids, position_ids)
     if attn_implementation == "flash_attention_2":
         flat = {"input_ids": input_ids.reshape(1, -1), "position_ids": position_ids.reshape(1, -1)}

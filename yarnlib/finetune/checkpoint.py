@@ -60,7 +60,19 @@ def run_settings(args, spec, mixed_precision: str) -> dict:
         "original_max_position_embeddings": spec.original_max_position_embeddings if spec else None,
         "mixed_precision": mixed_precision,
         **{name: getattr(args, name) for name in RUN_FIELDS},
+        # absent (None) in checkpoints written before PoSE, which were all without it
+        "pose": {"target_length": args.target_length, "chunks": args.pose_chunks}
+        if args.pose
+        else None,
     }
+
+
+def trainable_only(models, weights, output_dir) -> None:
+    """accelerate save-state hook (LoRA runs): keep only the parameters that train; the rest
+    equal --model's weights, which a resume loads anyway (and run.json pins --model)."""
+    for i, (model, state) in enumerate(zip(models, weights, strict=True)):
+        names = {name for name, p in model.named_parameters() if p.requires_grad}
+        weights[i] = {name: tensor for name, tensor in state.items() if name in names}
 
 
 def check_new_run(output: Path, overwrite: bool) -> None:

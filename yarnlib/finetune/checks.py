@@ -47,3 +47,29 @@ def check_dataset(rows: int, tokens: int, seq_len: int, global_batch: int) -> No
             f"global batch of {global_batch} rows (batch_size × grad_accum × data-parallel "
             "processes); allowed: more data, or a smaller --seq-len, --batch-size or --grad-accum"
         )
+
+
+def pose_factor(config, target_length: int, original: int | None) -> float:
+    """PoSE's default factor: the target over the original context (``--factor`` left out)."""
+    original = original or RopeScaling.from_hf(config).original_max_position_embeddings
+    if original is None:
+        raise ValueError(
+            "original_max_position_embeddings: the config does not record the original context; "
+            "pass it (or --factor) explicitly"
+        )
+    return target_length / original
+
+
+def check_target(target_length: int, spec: RopeScaling | None) -> None:
+    """PoSE: the scaling must reach the target (``--method none`` trains the native RoPE at
+    positions up to the target, extrapolating by choice)."""
+    if spec is None or spec.original_max_position_embeddings is None:
+        return
+    reach = spec.original_max_position_embeddings * spec.factor
+    if reach < target_length:
+        raise ValueError(
+            f"factor: {spec.factor:g} × original_max_position_embeddings "
+            f"{spec.original_max_position_embeddings} = {reach:g} < target_length {target_length}; "
+            f"allowed: --factor >= {target_length / spec.original_max_position_embeddings:g}, or "
+            "leave --factor out (then target_length / original)"
+        )

@@ -32,6 +32,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="each packed document attends only to itself; positions restart per document",
     )
     g.add_argument("--cache-dir", default=None, help="tokenized data cache (default ~/.cache)")
+    g = p.add_argument_group("PoSE: train a long context with short rows (arXiv 2309.10400)")
+    g.add_argument(
+        "--pose",
+        action="store_true",
+        help="rows of --seq-len tokens carry position ids that skip across --target-length",
+    )
+    g.add_argument(
+        "--target-length",
+        type=int,
+        default=None,
+        help="the context PoSE trains (> --seq-len); --factor defaults to it / the original",
+    )
+    g.add_argument("--pose-chunks", type=int, default=2, help="chunks per row (default 2)")
     g = p.add_argument_group("optimization (defaults: the YaRN paper)")
     g.add_argument("--steps", type=int, required=True, help="optimizer steps of the schedule")
     g.add_argument("--batch-size", type=int, default=1, help="rows per micro-batch per process")
@@ -78,8 +91,31 @@ def _kernel(text: str):
     return values[text.lower()]
 
 
+def check_pose_args(args) -> None:
+    if args.pose and args.target_length is None:
+        raise ValueError("target_length: --pose needs --target-length N (the context to train)")
+    if args.target_length is not None and not args.pose:
+        raise ValueError(
+            f"target_length: {args.target_length} given without --pose; allowed: add --pose, or "
+            "drop --target-length (without PoSE the rows are the training length)"
+        )
+    if not args.pose:
+        return
+    if args.target_length <= args.seq_len:
+        raise ValueError(
+            f"target_length: {args.target_length} is not longer than --seq-len {args.seq_len}; "
+            f"allowed: a target > {args.seq_len} (PoSE trains a long context from short rows)"
+        )
+    if not 1 <= args.pose_chunks <= args.seq_len:
+        raise ValueError(
+            f"pose_chunks: {args.pose_chunks}; allowed: 1 … seq_len={args.seq_len} (every chunk "
+            "holds at least one token of the row)"
+        )
+
+
 def check_args(args) -> None:
-    if args.factor is None and canonical_method(args.method) != "none":
+    check_pose_args(args)
+    if args.factor is None and canonical_method(args.method) != "none" and not args.pose:
         raise ValueError(f"factor: required for method {args.method!r} (e.g. --factor 4)")
     positive = ("steps", "batch_size", "grad_accum", "log_every", "chunk_size", "lora_rank")
     for name in positive:

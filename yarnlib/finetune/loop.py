@@ -37,6 +37,7 @@ from yarnlib.finetune.data import PackedRows, tokenize
 from yarnlib.finetune.logs import LOG_FILE, JsonlLog, choose_trackers, peak_memory_gib
 from yarnlib.models import cache_dir, load_config, resolve
 from yarnlib.patches import choose_attn_implementation
+from yarnlib.pose import pose_position_ids
 from yarnlib.spec import RopeScaling, canonical_method, checked_factor
 
 SCHEDULES = {"linear": "linear", "constant": "constant_with_warmup"}
@@ -79,7 +80,17 @@ def step_rows(step: int, global_batch: int, rows: int, seed: int) -> torch.Tenso
     return torch.stack([_permutation(rows, seed + k // rows)[k % rows] for k in stream])
 
 
-def build_model(args, attn_implementation: str):
+def step_positions(step: int, global_batch: int, args) -> torch.Tensor:
+    """PoSE position ids of the global batch of ``step``, ``[global_batch, seq_len]``: a pure
+    function of (seed, step) like the rows, so a resume and any process count draw the same."""
+    generator = torch.Generator().manual_seed(args.seed * 2**32 + step)
+    draw = pose_position_ids(
+        global_batch, args.seq_len, args.target_length, args.pose_chunks, generator=generator
+    )
+    return draw.position_ids
+
+
+def build_model(args, attn_implementation: str, factor: float | None):
     """(model to train, the transformers model inside it): loaded, patched, and LoRA-wrapped."""
     model = AutoModelForCausalLM.from_pretrained(
         resolve(args.model), dtype=torch.float32, attn_implementation=attn_implementation
@@ -88,7 +99,7 @@ def build_model(args, attn_implementation: str):
         yarnlib.patch(
             model,
             method=args.method,
-            factor=args.factor,
+            factor=factor,
             original_max_position_embeddings=args.original_max_position_embeddings,
             use_kernel=args.use_kernel,
         )
@@ -178,10 +189,24 @@ def train(args) -> Result:
             "cross_document_attention: context parallelism supports only a plain causal mask; "
             "drop --no-cross-document-attention or use cp_size 1"
         )
-    spec = rope_spec(
-        load_config(args.model), args.method, args.factor, args.original_max_position_embeddings
-    )
-    checks.check_length(args.seq_len, spec)
+    if cp_size > 1 and args.pose:
+        raise ValueError(
+            "pose: context parallelism splits long rows across ranks, PoSE rows are short; "
+            "allowed: --pose with cp_size 1, or context parallelism without --pose"
+        )
+    config = load_config(args.model)
+    factor = args.factor
+    if args.pose and factor is None and canonical_method(args.method) != "none":
+        factor = checks.pose_factor(
+            config, args.target_length, args.original_max_position_embeddings
+        )
+    spec = rope_spec(config, args.method, factor, args.original_max_position_embeddings)
+    if args.pose:
+        checks.check_target(args.target_length, spec)
+    else:
+        checks.check_length(args.seq_len, spec)
+    # the length a dynamic method scales to: the target, not a row's largest position
+    declared_length = args.target_length if args.pose else args.seq_len
     run_settings = checkpoint.run_settings(args, spec, accelerator.mixed_precision)
     if resume_from:
         checkpoint.check_same_run(resume_from, run_settings)
@@ -209,7 +234,7 @@ def train(args) -> Result:
     global_batch = args.batch_size * args.grad_accum * dp_size
     checks.check_dataset(len(data), stream.tokens.numel(), args.seq_len, global_batch)
 
-    model, inner = build_model(args, attn)
+    model, inner = build_model(args, attn, factor)
     head = inner.get_output_embeddings()
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
@@ -227,10 +252,12 @@ def train(args) -> Result:
     check_grad_accum(accelerator, args.grad_accum)
     cursor = checkpoint.Cursor(stream.key, global_batch, args.seq_len)
     accelerator.register_for_checkpointing(cursor)
+    if args.lora:  # checkpoints of megabytes: the frozen base comes from --model on resume
+        accelerator.register_save_state_pre_hook(checkpoint.trainable_only)
 
     log = JsonlLog(output / LOG_FILE, accelerator.is_main_process)
     if resume_from:
-        accelerator.load_state(str(resume_from))
+        accelerator.load_state(str(resume_from), strict=not args.lora)
         if accelerator.is_main_process:
             checkpoint.truncate_log(log.path, cursor.step)
         accelerator.print(f"resumed from {resume_from} at step {cursor.step}")
@@ -256,16 +283,22 @@ def train(args) -> Result:
         tic = time.perf_counter()
         rows = step_rows(cursor.step, global_batch, len(data), args.seed)
         mine = rows.view(args.grad_accum, dp_size, args.batch_size)[:, dp_rank]
+        poses = [None] * args.grad_accum
+        if args.pose:
+            positions = step_positions(cursor.step, global_batch, args)
+            poses = positions.view(args.grad_accum, dp_size, args.batch_size, -1)[:, dp_rank]
         losses = []
-        for micro_rows in mine:
-            inputs, labels = micro_batch(data, micro_rows, args.cross_document_attention, attn)
+        for micro_rows, pose in zip(mine, poses, strict=True):
+            inputs, labels = micro_batch(
+                data, micro_rows, args.cross_document_attention, attn, pose=pose
+            )
             inputs = {k: v.to(accelerator.device) for k, v in inputs.items()}
             labels = labels.to(accelerator.device)
             if cp_size > 1:  # every shard needs its true positions
                 positions = torch.arange(args.seq_len, device=labels.device)
                 inputs["position_ids"] = positions.repeat(labels.shape[0], 1)
             with accelerator.accumulate(model), context_parallel(accelerator, inputs, labels):
-                with accelerator.autocast(), declared(inner, args.seq_len, spec):
+                with accelerator.autocast(), declared(inner, declared_length, spec):
                     loss = loss_of(model, head, inputs, labels, args.chunk_size)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and args.max_grad_norm > 0:
@@ -311,7 +344,8 @@ def train(args) -> Result:
 
 @contextlib.contextmanager
 def declared(inner, seq_len: int, spec: RopeScaling | None):
-    """Dynamic methods scale to the row length, not to the longest packed document in it."""
+    """Dynamic methods scale to the row length (with PoSE: the target length), not to the
+    longest packed document or largest position in it."""
     if spec is None or not spec.is_dynamic:
         yield
         return
@@ -339,7 +373,8 @@ def save_model(accelerator, model, tokenizer, folder: Path, lora: bool) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
-    if lora:
+    if lora:  # the adapter alone too (megabytes, beside the merged model), before merging
+        save_adapter(accelerator, unwrapped, folder.with_name("adapter"))
         unwrapped = unwrapped.merge_and_unload()
         state = unwrapped.state_dict()
     else:
@@ -359,3 +394,15 @@ def save_model(accelerator, model, tokenizer, folder: Path, lora: bool) -> Path:
         staging.rename(folder)
     accelerator.wait_for_everyone()
     return folder
+
+
+def save_adapter(accelerator, peft_model, folder: Path) -> None:
+    """The LoRA adapter (peft's adapter_config.json + adapter_model.safetensors), written under
+    a .tmp name and renamed; the patched config in model/ says which RoPE it was trained with."""
+    staging = folder.with_name(folder.name + ".tmp")
+    if accelerator.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+        peft_model.save_pretrained(staging)
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
+    accelerator.wait_for_everyone()
