@@ -57,7 +57,8 @@ def prepare(args, lengths):
     """Validate the model and the methods from the config alone; returns (methods, original)."""
     if args.dtype not in DTYPES:
         raise ValueError(f"dtype: {args.dtype!r}; allowed: {', '.join(DTYPES)}")
-    methods = parse_methods(args.methods, args.factor)
+    only_specs = args.spec and not args.methods.strip()  # --methods '' --spec FILE: those rows only
+    methods = [] if only_specs else parse_methods(args.methods, args.factor)
     native = check_methods(load_config(args.model), methods)
     for path in spec_paths(args):  # one more row each: exactly the file's spec, spec:NAME
         spec = spec_on_model(path, native)
@@ -285,7 +286,8 @@ def common(parser, lengths: str, output: str) -> None:
     parser.add_argument(
         "--methods",
         default="none,yarn",
-        help=f"comma-separated METHOD[:FACTOR]; methods: {', '.join(METHODS)}",
+        help=f"comma-separated METHOD[:FACTOR]; methods: {', '.join(METHODS)}; '' with --spec: "
+        "the spec rows only",
     )
     parser.add_argument("--factor", type=float, default=2.0, help="factor when none is given")
     parser.add_argument(

@@ -3,7 +3,6 @@ length on calibration text."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -12,11 +11,12 @@ import torch
 from transformers import AutoTokenizer
 
 from yarnlib.documents import load_documents
-from yarnlib.eval.cli import DTYPES, positive, warn_fewer_samples
+from yarnlib.eval.cli import DTYPES, positive
 from yarnlib.eval.methods import Method, check_methods
-from yarnlib.eval.store import CellStore, content_id
+from yarnlib.eval.store import CellStore
 from yarnlib.models import load_config, load_model, resolve
 from yarnlib.spec_file import write_json, write_spec_file
+from yarnlib.tune.needle import check_needles, needle_objective, needle_windows
 from yarnlib.tune.search import SPACES, Search, objective, to_spec, trial_key
 
 TRIALS = "trials.jsonl"
@@ -41,23 +41,7 @@ def samples_of(field: str, sources, tokenizer, text_column: str, length: int, co
             f"{field}: no document has the target length of {length} tokens; allowed: documents "
             "at least that long"
         )
-    warn_fewer_samples(count, {length: len(samples)})
     return samples
-
-
-def check_same_target(best: Path, target_length: int) -> None:
-    """A folder's search is for one target length: another would start over and replace its
-    best.json, so it is refused."""
-    try:
-        found = json.loads(best.read_text()).get("target_length")
-    except (OSError, ValueError, AttributeError):  # no best.json yet (or not ours): nothing to keep
-        return
-    if found is not None and found != target_length:
-        raise ValueError(
-            f"target_length: {best.parent} holds a search for {found} tokens ({best.name}), this "
-            f"run asks for {target_length}; allowed: --target-length {found} to continue it, or "
-            "another --output"
-        )
 
 
 def check_proxy(proxy_length: int | None, original: int, target_length: int) -> None:
@@ -66,6 +50,52 @@ def check_proxy(proxy_length: int | None, original: int, target_length: int) -> 
             f"proxy_length: {proxy_length}; allowed: a length between the original context "
             f"{original} and the target length {target_length} (both excluded)"
         )
+
+
+OBJECTIVES = {
+    "nll": "mean NLL of the tokens at positions >= original_max_position_embeddings",
+    "needle": "mean NLL of the answer tokens of the keys hidden in each window (needle NLL)",
+    "mix": "(1 - mix_weight) x NLL of the other tokens at positions >= "
+    "original_max_position_embeddings + mix_weight x needle NLL, in the needle windows",
+}
+
+
+def check_objective(args) -> None:
+    if args.objective not in OBJECTIVES:
+        raise ValueError(f"objective: {args.objective!r}; allowed: {', '.join(OBJECTIVES)}")
+    if args.objective == "nll":
+        return
+    check_needles(args.needles)
+    if not 0 < args.mix_weight < 1:
+        raise ValueError(f"mix_weight: {args.mix_weight!r}; allowed: a number in (0, 1)")
+    if args.proxy_length is not None:
+        raise ValueError(
+            f"proxy_length: {args.proxy_length} with --objective {args.objective}: the questions "
+            "sit at the end of each window, a proxy would cut them off; allowed: --objective nll"
+        )
+
+
+def objective_settings(args) -> dict:
+    """What makes needle/mix trials comparable (nll trials keep the settings they always had,
+    so the trials of earlier searches stay valid)."""
+    if args.objective == "nll":
+        return {}
+    weight = {"mix_weight": args.mix_weight} if args.objective == "mix" else {}
+    return {"objective": args.objective, "needles": args.needles, **weight}
+
+
+def scorers(args, model, tokenizer, calibration, held_out, original):
+    """(search scorer, held-out scorer) for ``--objective``; None, None for nll (the search's
+    own objective)."""
+    if args.objective == "nll":
+        return None, lambda spec: objective(model, held_out, spec, original)
+    weight = args.mix_weight if args.objective == "mix" else None
+    windows = needle_windows(tokenizer, calibration, args.needles)
+    held = needle_windows(tokenizer, held_out, args.needles, "held_out:") if held_out else None
+    return (
+        lambda spec, length=None: needle_objective(model, windows, spec, original, weight),
+        lambda spec: needle_objective(model, held, spec, original, weight),
+    )
 
 
 def run(args) -> int:
@@ -77,9 +107,7 @@ def run(args) -> int:
         raise ValueError(f"space: {args.space!r}; allowed: {', '.join(SPACES)}, both")
     config = load_config(args.model)
     native = check_methods(config, [])
-    original = args.original_max_position_embeddings  # 0 is an error, not "from the config"
-    if original is None:
-        original = native.original_max_position_embeddings
+    original = args.original_max_position_embeddings or native.original_max_position_embeddings
     positive("original_max_position_embeddings", original)
     if args.target_length <= original:
         raise ValueError(
@@ -87,9 +115,9 @@ def run(args) -> int:
             "allowed: a length > original_max_position_embeddings"
         )
     check_proxy(args.proxy_length, original, args.target_length)
+    check_objective(args)
     check_methods(config, [Method("yarn", args.target_length / original)])
     output = Path(args.output)
-    check_same_target(output / BEST, args.target_length)
     settings = {
         "model": args.model,
         "dtype": args.dtype,
@@ -99,20 +127,20 @@ def run(args) -> int:
         "text_column": args.text_column,
         "samples": args.samples,
     }
+    settings.update(objective_settings(args))
+    store = CellStore(output, ("key",), settings, resume=True, filename=TRIALS, required=READ_BACK)
     tokenizer = AutoTokenizer.from_pretrained(resolve(args.model))
     length = args.target_length
     calibration = samples_of(
         "dataset", args.dataset, tokenizer, args.text_column, length, args.samples
     )
-    # trials are keyed on the calibration tokens: an edited file is searched again, not reused
-    settings["calibration"] = content_id(calibration)
-    store = CellStore(output, ("key",), settings, resume=True, filename=TRIALS, required=READ_BACK)
     held_out = None
     if args.held_out:
         held_out = samples_of(
             "held_out", args.held_out, tokenizer, args.text_column, length, args.samples
         )
     model, _ = load_model(args.model, DTYPES[args.dtype])
+    scorer, held_out_scorer = scorers(args, model, tokenizer, calibration, held_out, original)
 
     def save_best(spec, record):
         write_spec_file(
@@ -123,7 +151,7 @@ def run(args) -> int:
 
     search = Search(
         model, calibration, native, original, length, store, args.budget, save_best,
-        proxy_length=args.proxy_length, slow_in_range=args.slow_in_range,
+        proxy_length=args.proxy_length, slow_in_range=args.slow_in_range, scorer=scorer,
     )  # fmt: skip
     started = time.perf_counter()
     try:
@@ -145,19 +173,19 @@ def run(args) -> int:
         "settings": {
             **settings, "budget": args.budget, "seed": args.seed, "space": args.space,
             "proxy_length": args.proxy_length, "confirm": args.confirm,
-            "slow_in_range": args.slow_in_range,
+            "slow_in_range": args.slow_in_range, "objective": args.objective,
         },
         "trials": len(search.seen),
         "computed_now": search.computed,
         "search_seconds": seconds,
-        "objective": "mean NLL of the tokens at positions >= original_max_position_embeddings",
+        "objective": OBJECTIVES[args.objective],
     }  # fmt: skip
     for name, (point, record) in rows.items():
         spec = to_spec(native, original, point)
         final[name] = {"key": record["key"], "spec": spec.fields(), "calibration": _scores(record)}
         if held_out is not None:
             if record["key"] not in held_out_scores:
-                held_out_scores[record["key"]] = objective(model, held_out, spec, original)
+                held_out_scores[record["key"]] = held_out_scorer(spec)
             final[name]["held_out"] = held_out_scores[record["key"]]
     if proxy is not None:
         final["proxy"] = proxy
@@ -225,6 +253,17 @@ def register(subparsers) -> None:
         "frequency slower than L (wavelength > L) at >= N/L, so its angles up to N stay within "
         "those seen up to L (long-range retrieval needs it: docs/tune.md)",
     )  # fmt: skip
+    p.add_argument(
+        "--objective", default="nll", help="what the search minimises: nll (mean NLL of the "
+        "calibration tokens beyond L; the default), needle (NLL of the answers to keys hidden "
+        "across each window) or mix (a weighted sum of both, --mix-weight): docs/tune.md",
+    )  # fmt: skip
+    p.add_argument(
+        "--needles", type=int, default=4, help="needle/mix: keys hidden in each window (1-8)"
+    )
+    p.add_argument(
+        "--mix-weight", type=float, default=0.5, help="mix: the needle NLL's weight w in (0, 1)"
+    )
     p.add_argument("--output", required=True, help="folder for trials, best.json, final.json")
     p.add_argument("--dtype", default="float32", help=", ".join(DTYPES))
     p.set_defaults(func=run)

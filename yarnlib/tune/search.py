@@ -9,7 +9,8 @@ One model stays loaded; a trial only patches its rotary tables (``yarnlib.patch`
 from the native settings) and scores the calibration samples with the evaluation's
 ``token_nlls``. The objective is the mean NLL of the tokens at positions >= the original
 context L, where the model sees more context than in pre-training; with a proxy length M < N
-the search scores the first M tokens, and the best candidates are confirmed at N.
+the search scores the first M tokens, and the best candidates are confirmed at N. A ``scorer``
+replaces it (``yarnlib.tune.needle``: the NLL of retrieved keys, or a mix of both).
 
 The search is a deterministic function of its settings, its seed and the objective values,
 so a rerun replays it and takes every value already in ``trials.jsonl`` from there: it never
@@ -226,6 +227,8 @@ class Search:
     on_best: Callable[[RopeScaling, dict], None] | None = None  # on every new best
     proxy_length: int | None = None  # score the search at M tokens, confirm at N
     slow_in_range: bool = False  # per-dim: divisors >= N/L for every frequency slower than L
+    # (spec, length or None) -> scores with "objective"; default: mean NLL beyond L of samples
+    scorer: Callable[[RopeScaling, int | None], dict] | None = None
     seen: set[str] = field(default_factory=set)  # trial keys this run has spent budget on
     computed: int = 0
     best: dict | None = None
@@ -243,7 +246,10 @@ class Search:
         if record is None:
             spec = to_spec(self.native, self.original, point)
             started = time.perf_counter()
-            scores = objective(self.model, self.samples, spec, self.original, length)
+            if self.scorer is not None:
+                scores = self.scorer(spec, length)
+            else:
+                scores = objective(self.model, self.samples, spec, self.original, length)
             record = {
                 "key": key,
                 "trial": len(self.store.done),
