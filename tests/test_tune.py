@@ -458,3 +458,54 @@ def test_plot_tune_reads_the_miniatures_results(tmp_path):
     single.write_text(json.dumps({"tune": runs["8x, search at N"]}))
     plot_tune.main([str(single), "--output", str(tmp_path / "plotted")])
     assert json.loads((tmp_path / "plotted.json").read_text())["tune"] == data["8x, search at N"]
+
+
+def test_confirm_rescores_exactly_the_candidates_it_names(tmp_path, monkeypatch):
+    """Known proxy trials, a stubbed objective at N: confirm(2) re-scores the 2 best with
+    distinct tables (C and B: D runs C's tables, E comes third), the start A and each space's
+    best (P1 for per-dim, C for yarn), nothing else."""
+    from yarnlib.tune import search as search_module
+
+    native = RopeScaling("none", 1.0, L, 10000.0, 8)
+    lo, proxy = N / L, 3 * N // 4
+    start = start_point(lo)
+    points = {
+        "A": start,
+        "C": {**start, "beta_fast": 8.0},
+        "D": {**start, "beta_fast": 8.01},  # the same correction range: C's tables
+        "B": {**start, "factor": 5.0},
+        "E": {**start, "factor": 6.0},
+        "P1": {"factor": lo, "divisors": (1.0, 2.0, 3.0, 4.0), "attention_factor": 1.1},
+        "P2": {"factor": lo, "divisors": (1.0, 1.0, 4.0, 4.0), "attention_factor": 1.2},
+    }
+    proxy_values = {"C": 1.0, "D": 1.01, "B": 1.2, "E": 1.3, "P1": 1.5, "P2": 2.5, "A": 3.0}
+    store = CellStore(tmp_path, ("key",), {}, False, "trials.jsonl")
+    search = Search(None, [], native, L, N, store, budget=10, proxy_length=proxy)
+    assert search.same_tables(points["C"], points["D"])
+    assert not search.same_tables(points["C"], points["B"])
+    for name, point in points.items():
+        key = trial_key(point, proxy)
+        record = {"key": key, "space": "per-dim" if name[0] == "P" else "yarn", "length": proxy}
+        search.trials[key] = (point, {**record, "objective": proxy_values[name]})
+    search.start = start
+    rescored = []
+
+    def at_n(model, samples, spec, original, length=None):
+        assert length is None  # confirmed at N
+        rescored.append(spec)
+        return {"objective": spec.attention_factor(), "nll_within_original": 0.0}
+
+    monkeypatch.setattr(search_module, "objective", at_n)
+    report = search.confirm(2)
+    names = {trial_key(p): n for n, p in points.items()}
+    assert sorted(names[row["key"]] for row in report["candidates"]) == ["A", "B", "C", "P1"]
+    assert len(rescored) == 4
+
+
+def test_repaired_caps_and_floors_exactly():
+    """By hand, N/L = 4: a divisor is capped at 4 N/L = 16, floored at 1 and at the one before
+    (non-decreasing), the last at least N/L, each rounded to 6 significant digits."""
+    assert repaired([1.0, 100.0, 1.0], 4.0) == (1.0, 16.0, 16.0)
+    assert repaired([0.5, 0.25, 2.0, 1.5], 1.0) == (1.0, 1.0, 2.0, 2.0)
+    assert repaired([1.0, 2.0], 3.0) == (1.0, 3.0)
+    assert repaired([1.23456789, 2.5], 2.0) == (1.23457, 2.5)
