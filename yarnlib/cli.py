@@ -21,6 +21,7 @@ SUBCOMMANDS = [
     "yarnlib.eval.cli",
     "yarnlib.finetune.cli",
     "yarnlib.tune.cli",
+    "yarnlib.plan.cli",
     "yarnlib.demo",
 ]
 

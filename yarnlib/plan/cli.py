@@ -1,0 +1,218 @@
+"""``yarnlib plan``: per-GPU memory of a long-context GRPO or fine-tuning run, and the engine
+settings that fit (exit 0), or what does not fit and the smallest change that would (exit 1)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import asdict
+
+import yaml
+
+from yarnlib.plan import fragments, parallel, planner
+from yarnlib.plan.memory import ATTENTION
+from yarnlib.plan.shapes import read_config, shape_from_config
+
+GIB = 1024**3
+UNITS = {"gb": 10**9, "gib": GIB, "tb": 10**12, "tib": 1024**4}
+DESCRIPTION = "Will a long-context run fit? Per-GPU memory and the engine settings that fit."
+
+
+def parse_bytes(field: str, text: str) -> int:
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)\s*", text)
+    if not match or match.group(2).lower() not in UNITS:
+        raise ValueError(
+            f"{field}: {text!r} needs a unit; allowed: a number with GB, GiB, TB or TiB "
+            "(e.g. 141GB, 80GiB)"
+        )
+    value = float(match.group(1)) * UNITS[match.group(2).lower()]
+    if value <= 0:
+        raise ValueError(f"{field}: {text!r} must be positive")
+    return int(value)
+
+
+def _positive(field: str, value: int | None, minimum: int = 1) -> None:
+    if value is not None and value < minimum:
+        raise ValueError(f"{field} must be an integer >= {minimum}, got {value}")
+
+
+def setup_from_args(args) -> planner.Setup:
+    shape = shape_from_config(read_config(args.model))
+    for field in ("prompt", "response"):
+        _positive(field, getattr(args, field), 0)
+    prompt, response = args.prompt or 0, args.response or 0
+    context = args.context if args.context is not None else prompt + response
+    if context <= 0:
+        raise ValueError(
+            f"context must be a positive integer (tokens of one sequence), got {context}; "
+            "give --context N or --prompt P --response R"
+        )
+    if prompt + response > context:
+        raise ValueError(f"context: {context} < prompt + response = {prompt + response}")
+    for field in ("gpus", "nodes", "rollout_n", "sp", "cp", "tp", "max_num_batched_tokens"):
+        _positive(field, getattr(args, field))
+    u = args.gpu_memory_utilization
+    if u is not None and not 0 < u < 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1), got {u}")
+    return planner.Setup(
+        shape=shape,
+        engine=args.engine,
+        context=context,
+        gpus=args.gpus,
+        nodes=args.nodes,
+        gpu_bytes=parse_bytes("gpu_memory", args.gpu_memory),
+        prompt=prompt,
+        response=response,
+        rollout_n=args.rollout_n,
+        sp=args.sp,
+        cp=args.cp,
+        tp=args.tp,
+        offload=args.offload,
+        shard=args.shard,
+        checkpointing=args.checkpointing,
+        attn=args.attn or ("sdpa" if (args.cp or 1) > 1 else "flash"),
+        logits=args.logits,
+        utilization=u,
+        batched_tokens=args.max_num_batched_tokens,
+        reference=args.kl,
+        reserve=parse_bytes("reserve", args.reserve),
+    )
+
+
+def report(setup: planner.Setup) -> dict:
+    plan = planner.choose(setup)
+    s, shape = setup, setup.shape
+    out = {
+        "model": {**asdict(shape), "params": shape.params},
+        "run": {
+            "engine": s.engine,
+            "context": s.context,
+            "prompt": s.prompt,
+            "response": s.response,
+            "gpus_per_node": s.gpus,
+            "nodes": s.nodes,
+            "gpu_bytes": s.gpu_bytes,
+        },
+        "valid": {
+            "ulysses_sp": parallel.ulysses_degrees(shape, s.world),
+            "vllm_tp": parallel.tensor_parallel_degrees(shape, s.gpus),
+            "context_parallel_cp": parallel.context_parallel_degrees(s.world, s.context),
+        },
+        "chosen": {
+            "sp": plan.sp,
+            "cp": plan.cp,
+            "tp": plan.tp,
+            "offload": plan.offload,
+            "logits": s.logits_mode,
+            "checkpointing": s.checkpointing,
+            "tokens_per_gpu": plan.tokens_per_gpu,
+        },
+        "bytes_per_gpu": plan.lines,
+        "phases": plan.phases,
+        "fits": plan.fits,
+        "problems": plan.problems,
+    }
+    if plan.kv is not None:
+        out["chosen"]["gpu_memory_utilization"] = plan.utilization
+        out["rollout"] = {
+            "kv_bytes_per_token": plan.kv.bytes_per_token,
+            "kv_blocks": plan.kv.blocks,
+            "block_size": plan.kv.block_size,
+            "kv_tokens": plan.kv.tokens,
+            "sequences_at_once": plan.kv.sequences(s.context),
+        }
+    if plan.fits:
+        out["fragment"] = fragments.RENDERERS[s.engine](plan)
+        if s.engine == "trl":
+            out["accelerate"] = fragments.accelerate(plan)
+        if s.engine == "finetune":
+            out["command"] = fragments.finetune_command(plan)
+    else:
+        out["suggestions"] = planner.suggestions(setup)
+    if shape.max_position_embeddings and s.context > shape.max_position_embeddings:
+        out["rope"] = (
+            f"{s.context} tokens exceed the config's max_position_embeddings "
+            f"{shape.max_position_embeddings}: scale the RoPE first, e.g. yarnlib config MODEL "
+            f"--method yarn --factor {s.context / shape.max_position_embeddings:g} --output DIR"
+        )
+    return out
+
+
+def format_report(r: dict) -> str:
+    m, run, ch = r["model"], r["run"], r["chosen"]
+    lines = [
+        f"model: {m['model_type']}, {m['params'] / 1e9:.2f} B parameters, "
+        f"{m['num_hidden_layers']} layers, {m['num_attention_heads']} heads / "
+        f"{m['num_key_value_heads']} kv heads",
+        f"run: {run['engine']}, {run['context']} tokens per sequence, {run['gpus_per_node']} GPUs "
+        f"× {run['nodes']} node(s), {run['gpu_bytes'] / GIB:.1f} GiB each",
+        f"valid: Ulysses sp {r['valid']['ulysses_sp']}, vLLM tp {r['valid']['vllm_tp']}, "
+        f"context parallel cp {r['valid']['context_parallel_cp']}",
+        "plan: " + ", ".join(f"{k} {v}" for k, v in ch.items()),
+        "",
+        f"{'per GPU':<44}{'GiB':>8}",
+    ]
+    lines += [f"  {k:<42}{v / GIB:>8.2f}" for k, v in r["bytes_per_gpu"].items()]
+    lines += ["", "phase totals (with reserve)"]
+    lines += [
+        f"  {k:<42}{v / GIB:>8.2f} of {run['gpu_bytes'] / GIB:.1f}" for k, v in r["phases"].items()
+    ]
+    if "rollout" in r:
+        ro = r["rollout"]
+        lines.append(
+            f"rollout: {ro['kv_bytes_per_token']} KV bytes/token per rank, {ro['kv_blocks']} "
+            f"blocks of {ro['block_size']} = {ro['kv_tokens']} tokens: "
+            f"{ro['sequences_at_once']} sequence(s) of {run['context']} at once"
+        )
+    if "rope" in r:
+        lines.append(f"rope: {r['rope']}")
+    if r["fits"]:
+        lines += ["fits: yes", "", f"# {run['engine']} settings (merge into your recipe)"]
+        lines.append(yaml.safe_dump(r["fragment"], sort_keys=False).rstrip())
+        if "accelerate" in r:
+            lines += ["# accelerate config for the actor", yaml.safe_dump(r["accelerate"])]
+        if "command" in r:
+            lines += ["# then", r["command"]]
+    else:
+        lines += ["does not fit:"] + [f"  - {p}" for p in r["problems"]]
+        lines += ["smallest changes that fit:"]
+        lines += [f"  - {s}" for s in r["suggestions"]] or ["  - none found"]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    result = report(setup_from_args(args))
+    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    return 0 if result["fits"] else 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="model folder or its config.json")
+    p.add_argument("--engine", choices=planner.ENGINES, default="verl")
+    p.add_argument("--context", type=int, default=None, help="tokens per sequence")
+    p.add_argument("--prompt", type=int, default=None, help="prompt tokens (GRPO)")
+    p.add_argument("--response", type=int, default=None, help="response tokens (GRPO)")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs per node")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpu-memory", required=True, help="memory of one GPU, e.g. 141GB or 80GiB")
+    p.add_argument("--rollout-n", type=int, default=8, help="responses per prompt")
+    p.add_argument("--sp", type=int, default=None, help="Ulysses degree (default: smallest fit)")
+    p.add_argument("--cp", type=int, default=None, help="context parallel degree (finetune)")
+    p.add_argument("--tp", type=int, default=None, help="vLLM tensor parallel degree")
+    p.add_argument("--offload", choices=planner.OFFLOAD, default=None)
+    p.add_argument("--shard", choices=("full", "hybrid"), default="full")
+    p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
+    p.add_argument("--attn", choices=ATTENTION, default=None, help="default flash (sdpa with cp)")
+    p.add_argument("--logits", choices=("chunked", "full"), default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--no-kl", dest="kl", action="store_false", help="no reference model")
+    p.add_argument("--reserve", default="2GiB", help="per GPU outside the plan (CUDA, NCCL)")
+    p.add_argument("--json", action="store_true")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("plan", help=DESCRIPTION, description=DESCRIPTION)
+    add_arguments(parser)
+    parser.set_defaults(func=run)

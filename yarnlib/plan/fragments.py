@@ -1,0 +1,169 @@
+"""A plan as the settings of the engine that runs it: verl and EasyR1 YAML, TRL's GRPOConfig
+fields, an accelerate config for ``yarnlib finetune``. Merge a fragment into the recipe
+(``examples/``); the RoPE itself comes from the rewritten config.json (``yarnlib config``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from yarnlib.plan.planner import Plan
+
+
+def _budget(plan: Plan) -> int:
+    """Tokens per GPU per micro-batch: one whole sequence after the sequence split, in 1024s."""
+    return math.ceil(plan.tokens_per_gpu / 1024) * 1024
+
+
+def _lengths(plan: Plan) -> dict[str, int]:
+    s = plan.setup
+    if s.prompt or s.response:
+        return {"max_prompt_length": s.prompt, "max_response_length": s.response}
+    return {}
+
+
+def verl(plan: Plan) -> dict[str, Any]:
+    s = plan.setup
+    offload_params, offload_optimizer = plan.offload == "all", plan.offload != "none"
+    fsdp = {"param_offload": offload_params, "optimizer_offload": offload_optimizer}
+    if s.shard == "hybrid":
+        fsdp["fsdp_size"] = s.gpus
+    budget = _budget(plan)
+    fragment = {
+        "actor_rollout_ref": {
+            "model": {
+                "use_remove_padding": True,
+                "enable_gradient_checkpointing": s.checkpointing,
+                "use_fused_kernels": s.logits_mode == "chunked",
+            },
+            "actor": {
+                "ulysses_sequence_parallel_size": plan.sp,
+                "use_dynamic_bsz": True,
+                "ppo_max_token_len_per_gpu": budget,
+                "fsdp_config": fsdp,
+            },
+            "ref": {
+                "log_prob_max_token_len_per_gpu": budget,
+                "fsdp_config": {"param_offload": offload_params},
+            },
+            "rollout": {
+                "n": s.rollout_n,
+                "tensor_model_parallel_size": plan.tp,
+                "gpu_memory_utilization": plan.utilization,
+                "enable_chunked_prefill": True,
+                "max_num_batched_tokens": s.batched_tokens,
+                "max_model_len": s.context,
+                "log_prob_max_token_len_per_gpu": budget,
+            },
+        },
+        "trainer": {"n_gpus_per_node": s.gpus, "nnodes": s.nodes},
+    }
+    if _lengths(plan):
+        fragment["data"] = _lengths(plan)
+    return fragment
+
+
+def easyr1(plan: Plan) -> dict[str, Any]:
+    s = plan.setup
+    fragment = {
+        "worker": {
+            "actor": {
+                "micro_batch_size_per_device_for_update": 1,
+                "micro_batch_size_per_device_for_experience": 1,
+                "padding_free": True,
+                "dynamic_batching": True,
+                "ulysses_size": plan.sp,
+                "model": {"enable_gradient_checkpointing": s.checkpointing},
+                "fsdp": {"enable_full_shard": True},
+                "offload": {
+                    "offload_params": plan.offload == "all",
+                    "offload_optimizer": plan.offload != "none",
+                },
+            },
+            "rollout": {
+                "n": s.rollout_n,
+                "tensor_parallel_size": plan.tp,
+                "gpu_memory_utilization": plan.utilization,
+                "max_model_len": s.context,
+                # EasyR1 turns chunked prefill off: vLLM then needs the whole sequence per step
+                "max_num_batched_tokens": max(s.batched_tokens, s.context),
+            },
+        },
+        "trainer": {"n_gpus_per_node": s.gpus, "nnodes": s.nodes},
+    }
+    if _lengths(plan):
+        fragment["data"] = _lengths(plan)
+    return fragment
+
+
+def trl(plan: Plan) -> dict[str, Any]:
+    """``GRPOConfig`` keyword arguments (the actor's FSDP comes from ``accelerate(plan)``)."""
+    s = plan.setup
+    fields = {
+        "bf16": True,
+        "gradient_checkpointing": s.checkpointing,
+        "per_device_train_batch_size": 1,
+        "num_generations": s.rollout_n,
+        "beta": 0.04 if s.reference else 0.0,
+        "use_liger_kernel": s.logits_mode == "chunked",
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_tensor_parallel_size": plan.tp,
+        "vllm_gpu_memory_utilization": plan.utilization,
+        "vllm_enable_sleep_mode": True,
+        "vllm_max_model_length": s.context,
+    }
+    if s.response:
+        fields["max_completion_length"] = s.response
+    return fields
+
+
+def accelerate(plan: Plan) -> dict[str, Any]:
+    """An ``accelerate launch --config_file`` config: FSDP2 over every GPU, context parallel
+    inside it when ``plan.cp > 1`` (as in examples/finetune/*.yaml)."""
+    s = plan.setup
+    config = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "FSDP",
+        "mixed_precision": "bf16",
+        "num_machines": s.nodes,
+        "num_processes": s.world,
+        "fsdp_config": {
+            "fsdp_version": 2,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": s.shape.layer_class,
+            "fsdp_reshard_after_forward": True,
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_offload_params": plan.offload != "none",
+            # yarnlib finetune checkpoints itself (--gradient-checkpointing)
+            "fsdp_activation_checkpointing": False,
+        },
+    }
+    replicas = s.nodes if s.shard == "hybrid" else 1
+    if plan.cp > 1 or replicas > 1:
+        config["parallelism_config"] = {
+            "parallelism_config_dp_replicate_size": replicas,
+            "parallelism_config_dp_shard_size": s.world // (replicas * plan.cp),
+            "parallelism_config_tp_size": 1,
+            "parallelism_config_cp_size": plan.cp,
+            "parallelism_config_cp_backend": "torch",
+            "parallelism_config_cp_comm_strategy": "allgather",
+        }
+    return config
+
+
+def finetune_command(plan: Plan) -> str:
+    s = plan.setup
+    flags = [f"--seq-len {s.context}", "--chunk-size 1024", "--mixed-precision bf16"]
+    if not s.checkpointing:
+        flags.append("--no-gradient-checkpointing")
+    if plan.cp > 1:
+        flags.append("--attn-implementation sdpa")
+    return (
+        "accelerate launch --config_file plan_accelerate.yaml -m yarnlib.finetune --model MODEL "
+        "--method yarn --factor FACTOR --dataset DATA --steps STEPS --output OUT " + " ".join(flags)
+    )
+
+
+RENDERERS = {"verl": verl, "easyr1": easyr1, "trl": trl, "finetune": accelerate}

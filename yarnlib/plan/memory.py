@@ -1,0 +1,176 @@
+"""Memory formulas, in bytes per GPU (or per process), for training and serving a decoder model.
+
+The activation terms count what autograd keeps for backward in a transformers decoder layer
+(Llama / Qwen2 / Qwen3 code paths), tensor by tensor, per token:
+
+    RMSNorm      its float32 input (a copy when the residual is bf16), the normalised input in
+                 the residual dtype, and its output as the next linears keep it (under autocast
+                 each linear keeps its own bf16 cast: 3 for q/k/v, 2 for gate/up)
+    attention    q, k, v and the output in the compute dtype, plus the float32 logsumexp per
+                 head (flash / SDPA's flash path; the output doubles as o_proj's input);
+                 eager keeps the float32 softmax [heads × T] per token (and its bf16 cast)
+    q/k norm     Qwen3: float32 q and k plus the normalised copies
+    MLP          gate, silu(gate), up and their product: 4 × intermediate
+    MoE          the same per routed expert, plus the gathered inputs and the router's scores
+
+``tests/test_plan_memory.py`` checks these sums against the bytes autograd saves in real
+transformers models, and ``benchmarks/plan_memory.py`` the resulting peaks against measured
+ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from yarnlib.plan.shapes import ModelShape
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per element: master weights/grads/optimizer (``param``), matmul operands and
+    outputs (``compute``), the residual stream between layers (``residual``); ``autocast``:
+    weights stay float32 and every linear keeps its own bf16 cast of input and weight."""
+
+    name: str
+    param: int
+    compute: int
+    residual: int
+    autocast: bool
+
+
+PRECISIONS = {
+    "fp32": Precision("fp32", 4, 4, 4, False),
+    # torch.autocast over float32 weights (accelerate's mixed precision without FSDP)
+    "bf16": Precision("bf16", 4, 2, 4, True),
+    # FSDP mixed precision: layers run on bf16 copies of the weights (verl, FSDP2 + accelerate)
+    "bf16-fsdp": Precision("bf16-fsdp", 4, 2, 2, False),
+}
+ATTENTION = ("flash", "sdpa", "eager")
+
+
+def _norm(width: int, consumers: int, p: Precision) -> int:
+    """Bytes per token an RMSNorm of ``width`` leaves for backward, output included."""
+    output = consumers * p.compute if p.autocast else p.residual
+    return (4 + p.residual + output) * width
+
+
+def attention_bytes(shape: ModelShape, attended: int, attn: str, p: Precision) -> int:
+    """Per token: what one attention block keeps; ``attended``: keys each query sees (eager)."""
+    c = p.compute
+    qk_norm = 0
+    if shape.qk_norm:  # float32 q and k, their normalised copies, one rsqrt per head
+        heads = shape.num_attention_heads + shape.num_key_value_heads
+        qk_norm = (4 + c) * (shape.q_width + shape.kv_width) + 4 * heads
+    if attn == "eager":  # k and v repeated to every query head; the float32 softmax kept
+        scores = (4 + (c if c < 4 else 0)) * shape.num_attention_heads * attended
+        return 4 * c * shape.q_width + scores + qk_norm
+    lse = 4 * shape.num_attention_heads
+    return c * (2 * shape.q_width + 2 * shape.kv_width) + lse + qk_norm
+
+
+def mlp_bytes(shape: ModelShape, p: Precision) -> int:
+    c = p.compute
+    if not shape.num_experts:
+        return 4 * c * shape.intermediate_size
+    routed = shape.num_experts_per_tok
+    # per routed expert: its gathered input and weighted output, then the gated MLP
+    return routed * (4 * c * shape.intermediate_size + 2 * c * shape.hidden_size) + (
+        8 * shape.num_experts  # router logits and softmax, float32
+    )
+
+
+def layer_bytes_per_token(shape: ModelShape, attn: str, p: Precision, attended: int = 0) -> int:
+    """Bytes one decoder layer keeps for backward per token (no checkpointing)."""
+    norms = _norm(shape.hidden_size, 3, p) + _norm(shape.hidden_size, 2, p)
+    rsqrt = 2 * 4
+    return norms + attention_bytes(shape, attended, attn, p) + mlp_bytes(shape, p) + rsqrt
+
+
+def model_bytes_per_token(shape: ModelShape, p: Precision) -> int:
+    """Per token, outside the layers: final norm, rotary cos/sin, input ids."""
+    rotary = 2 * shape.head_dim * (p.residual if not p.autocast else 4)
+    return (4 + p.residual) * shape.hidden_size + 4 + rotary + 8
+
+
+def linear_params(shape: ModelShape) -> int:
+    """Weights of the matmuls in one layer (autocast keeps a bf16 copy of each; the biases'
+    casts are not kept: their grads need no input)."""
+    norms = 2 * shape.hidden_size + (2 * shape.head_dim if shape.qk_norm else 0)
+    biases = shape.q_width + 2 * shape.kv_width if shape.attention_bias else 0
+    return shape.layer_params - norms - biases
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Activation bytes of one training micro-batch of ``tokens`` local tokens."""
+
+    saved: int  # kept by autograd at the end of the forward
+    recompute: int  # one layer recomputed in backward (checkpointing), else 0
+    backward: int  # the largest transient of a layer's backward
+    head: int  # the loss head's peak (logits, log-softmax and their grads)
+
+
+def activations(
+    shape: ModelShape,
+    tokens: int,
+    p: Precision,
+    *,
+    checkpointing: bool,
+    attn: str = "flash",
+    chunk: int = 0,
+    attended: int | None = None,
+) -> Activations:
+    """``tokens``: this rank's tokens (sequence / context parallel: the local shard);
+    ``attended``: keys a query attends (the full sequence; eager attention only);
+    ``chunk``: loss chunk in tokens (0: the full logits)."""
+    attended = tokens if attended is None else attended
+    layer = layer_bytes_per_token(shape, attn, p, attended) * tokens
+    weights = 2 * linear_params(shape) if p.autocast else 0  # bf16 copies kept per layer
+    per_layer = shape.hidden_size * p.residual * tokens if checkpointing else layer + weights
+    saved = shape.num_hidden_layers * per_layer + model_bytes_per_token(shape, p) * tokens
+    # mul backward of act(gate) * up: its two output grads beside the incoming one, while the
+    # product down_proj kept is already freed; plus the grads of the residual stream in and out
+    backward = (2 * shape.intermediate_size * p.compute + 2 * shape.hidden_size * 4) * tokens
+    if shape.num_experts:
+        backward *= shape.num_experts_per_tok
+    rows = min(chunk, tokens) if chunk else tokens
+    head = logits_bytes(shape, rows, p)
+    return Activations(saved, layer + weights if checkpointing else 0, backward, head)
+
+
+def logits_bytes(shape: ModelShape, rows: int, p: Precision) -> int:
+    """Peak of the loss head over ``rows`` positions: the float32 log-softmax kept for
+    backward, the incoming grad and the grad of the logits (plus its bf16 cast)."""
+    cast = p.compute if p.compute < 4 else 0
+    return (12 + cast) * rows * shape.vocab_size
+
+
+def activation_peak(acts: Activations) -> int:
+    """The saved activations plus the larger of the head's and a layer's backward transient."""
+    return acts.saved + max(acts.head, acts.recompute + acts.backward)
+
+
+def forward_peak(shape: ModelShape, tokens: int, p: Precision, chunk: int = 0) -> int:
+    """A forward without grad (log-prob passes): one layer's largest transient (gate, up and
+    their product beside the residual stream) or the head's logits and log-softmax."""
+    experts = max(1, shape.num_experts_per_tok)
+    layer = (3 * shape.intermediate_size * experts * p.compute + 2 * shape.hidden_size * 4) * tokens
+    rows = min(chunk, tokens) if chunk else tokens
+    return max(layer, (p.compute + 8) * rows * shape.vocab_size)
+
+
+def step_peak(
+    shape: ModelShape,
+    acts: Activations,
+    p: Precision,
+    grad_params: int,
+    largest_param: int,
+) -> int:
+    """Peak of one unsharded training step above the weights and optimizer states: the
+    activation peak with the head's weight grad already there, or, at the optimizer step,
+    every grad plus AdamW's temporaries (the for-each-parameter loop of CPU tensors)."""
+    head_grad = p.param * shape.vocab_size * shape.hidden_size
+    optimizer = p.param * grad_params + 2 * p.param * largest_param
+    return max(activation_peak(acts) + head_grad, optimizer)

@@ -1,0 +1,251 @@
+"""Per-GPU memory of a long-context run in each phase, the settings that fit, or the smallest
+change that would.
+
+Phases (verl and EasyR1 colocate actor, reference and rollout on the same GPUs; the rollout
+sleeps while the actor trains, and the actor's states stay on the GPU while vLLM generates):
+
+    rollout   actor states + reference + vLLM's gpu_memory_utilization share
+    log-prob  actor states + reference + FSDP working copies + a forward without grad
+    update    actor states + grads + FSDP working copies + activations of one micro-batch
+
+``yarnlib finetune`` has the update phase only; TRL's colocated vLLM sleeps through the update
+as well (``vllm_enable_sleep_mode`` in the fragment).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from yarnlib.plan import memory, parallel, rollout
+from yarnlib.plan.shapes import ModelShape
+
+GIB = 1024**3
+ENGINES = ("verl", "easyr1", "trl", "finetune")
+OFFLOAD = ("none", "optimizer", "all")  # optimizer states; then weights and grads as well
+GRPO = ("verl", "easyr1", "trl")
+CHUNK = 1024  # tokens per loss chunk (yarnlib finetune --chunk-size, verl's fused kernels)
+# what stays on the GPU between phases
+RESIDENT = (
+    "actor weights (fp32, sharded)",
+    "actor grads (fp32, sharded)",
+    "AdamW states (sharded)",
+    "reference model (fp32, sharded)",
+)
+
+
+@dataclass(frozen=True)
+class Setup:
+    shape: ModelShape
+    engine: str
+    context: int  # tokens of one sequence: prompt + response, or the training window
+    gpus: int  # per node
+    nodes: int
+    gpu_bytes: int
+    prompt: int = 0
+    response: int = 0
+    rollout_n: int = 8
+    sp: int | None = None  # Ulysses (verl, EasyR1); None: the smallest that fits
+    cp: int | None = None  # context parallel (finetune)
+    tp: int | None = None  # vLLM tensor parallel
+    offload: str | None = None  # None: the least that fits
+    shard: str = "full"  # FSDP over all GPUs, or "hybrid": within a node, replicated across
+    checkpointing: bool = True
+    attn: str = "flash"
+    logits: str | None = None  # chunked | full; None: the engine's default
+    utilization: float | None = None  # vLLM's share; None: what the actor leaves
+    batched_tokens: int = 8192  # vLLM max_num_batched_tokens (chunked prefill)
+    reference: bool = True  # a reference model for the KL term (GRPO)
+    reserve: int = 2 * GIB  # CUDA context, NCCL buffers, allocator fragmentation
+
+    @property
+    def world(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def logits_mode(self) -> str:
+        # verl: use_fused_kernels; EasyR1 and TRL (without Liger) take log-probs of full logits
+        return self.logits or ("full" if self.engine in ("easyr1", "trl") else "chunked")
+
+
+@dataclass
+class Plan:
+    setup: Setup
+    sp: int
+    cp: int
+    tp: int
+    offload: str
+    utilization: float
+    tokens_per_gpu: int  # local tokens of one micro-batch (one sequence split by sp / cp)
+    lines: dict[str, int] = field(default_factory=dict)  # component → bytes per GPU
+    phases: dict[str, int] = field(default_factory=dict)  # phase → bytes per GPU
+    kv: rollout.KVCache | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+
+def _states(s: Setup, offload: str) -> dict[str, int]:
+    shards = s.world if s.shard == "full" else s.gpus
+    params = s.shape.params
+    on_gpu = offload == "none", offload != "all"
+    weights = 4 * params // shards if on_gpu[1] else 0
+    optimizer = 8 * params // shards if on_gpu[0] else 0
+    # FSDP gathers one layer in bf16 and prefetches the next, keeps the layer's bf16 grads
+    # until the reduce-scatter, and the root unit (embeddings, head) stays gathered
+    layer = s.shape.layer_params
+    outside = s.shape.embedding_params + s.shape.head_params
+    working = 2 * 2 * layer + 2 * layer + 2 * outside
+    reference = 4 * params // shards if s.reference and s.engine in GRPO else 0
+    return {
+        "actor weights (fp32, sharded)": weights,
+        "actor grads (fp32, sharded)": weights,
+        "AdamW states (sharded)": optimizer,
+        "FSDP working copies (bf16)": working,
+        "reference model (fp32, sharded)": reference,
+    }
+
+
+def _tokens(s: Setup, sp: int, cp: int) -> int:
+    return math.ceil(s.context / (sp * cp))
+
+
+def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
+    """Every memory line and phase total for one choice of degrees and offload."""
+    p = memory.PRECISIONS["bf16-fsdp"]
+    tokens = _tokens(s, sp, cp)
+    chunk = CHUNK if s.logits_mode == "chunked" else 0
+    head_rows = s.response if s.engine == "trl" and s.response else tokens  # TRL: completion
+    acts = memory.activations(
+        s.shape,
+        tokens,
+        p,
+        checkpointing=s.checkpointing,
+        attn=s.attn,
+        chunk=chunk,
+        attended=s.context,
+    )
+    acts = replace(acts, head=memory.logits_bytes(s.shape, min(chunk or head_rows, head_rows), p))
+    if cp > 1:  # ring attention all-gathers K and V of the whole sequence, forward and backward
+        gathered = 2 * 2 * s.context * s.shape.kv_width * p.compute
+        acts = replace(acts, backward=acts.backward + gathered)
+    lines = _states(s, offload)
+    lines["activations kept (all layers)"] = acts.saved
+    lines["layer recompute + backward"] = acts.recompute + acts.backward
+    lines["loss head (logits, log-softmax, grads)"] = acts.head
+    resident = sum(v for k, v in lines.items() if k in RESIDENT)
+    plan = Plan(s, sp, cp, tp, offload, 0.0, tokens, lines)
+    update = resident + lines["FSDP working copies (bf16)"] + memory.activation_peak(acts)
+    plan.phases["update"] = update + s.reserve
+    if s.engine == "finetune":
+        _check(plan)
+        return plan
+    logprob = memory.forward_peak(s.shape, tokens, p, chunk)
+    lines["log-prob forward (no grad)"] = logprob
+    plan.phases["log-prob"] = resident + lines["FSDP working copies (bf16)"] + logprob + s.reserve
+    plan.utilization = s.utilization or _utilization(s, resident)
+    budget = rollout.gpu_kv_budget(s.shape, s.gpu_bytes, plan.utilization, tp, s.batched_tokens)
+    plan.kv = rollout.kv_cache(budget, s.shape, tp)
+    lines["vLLM weights (bf16, per TP rank)"] = rollout.weight_bytes(s.shape, tp)
+    lines["vLLM KV cache"] = plan.kv.budget
+    vllm = int(plan.utilization * s.gpu_bytes)
+    # the actor's grads are freed after its step; the rollout sees weights and optimizer only
+    plan.phases["rollout"] = resident - lines["actor grads (fp32, sharded)"] + vllm + s.reserve
+    _check(plan)
+    return plan
+
+
+def _utilization(s: Setup, resident: int) -> float:
+    """vLLM's share: what the actor leaves, in steps of 0.05, at most 0.9."""
+    free = (s.gpu_bytes - resident - s.reserve) / s.gpu_bytes
+    return max(0.05, min(0.9, math.floor(free * 20) / 20))
+
+
+def _check(plan: Plan) -> None:
+    s = plan.setup
+    for phase, total in plan.phases.items():
+        if total > s.gpu_bytes:
+            plan.problems.append(
+                f"{phase}: {total / GIB:.1f} GiB per GPU > {s.gpu_bytes / GIB:.1f} GiB"
+            )
+    if plan.kv is not None and plan.kv.sequences(s.context) < 1:
+        plan.problems.append(
+            f"rollout: the KV cache ({plan.kv.budget / GIB:.1f} GiB per rank at "
+            f"gpu_memory_utilization {plan.utilization:.2f}) holds {plan.kv.tokens} tokens, "
+            f"less than one {s.context}-token sequence"
+        )
+
+
+def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
+    ulysses = s.engine in ("verl", "easyr1")
+    if s.sp is not None:
+        parallel.check_ulysses(s.shape, s.sp, s.world)
+        if s.sp > 1 and not ulysses:
+            raise ValueError(f"sp: {s.engine} has no Ulysses sequence parallel; allowed: 1")
+    if s.cp is not None:
+        parallel.check_context_parallel(s.cp, s.world, s.context)
+        if s.cp > 1 and s.engine != "finetune":
+            raise ValueError(f"cp: context parallel is planned for finetune only, not {s.engine}")
+    if s.tp is not None:
+        parallel.check_tensor_parallel(s.shape, s.tp, s.gpus)
+    sps = [s.sp] if s.sp else parallel.ulysses_degrees(s.shape, s.world) if ulysses else [1]
+    cps = [s.cp] if s.cp else (parallel.context_parallel_degrees(s.world, s.context))
+    if s.engine != "finetune":
+        cps = [1]
+    tps = [s.tp] if s.tp else parallel.tensor_parallel_degrees(s.shape, s.gpus)
+    if s.engine == "finetune":
+        tps = [1]
+    offloads = [s.offload] if s.offload else list(OFFLOAD)
+    return sps, cps, tps, offloads
+
+
+def choose(s: Setup) -> Plan:
+    """The first plan that fits, trying less offload first, then the smallest sequence-split,
+    then the smallest vLLM tensor parallel; else the last one tried (with its problems)."""
+    sps, cps, tps, offloads = _candidates(s)
+    last = None
+    for offload in offloads:
+        for split in sorted({(sp, cp) for sp in sps for cp in cps}, key=lambda x: x[0] * x[1]):
+            for tp in tps:
+                last = evaluate(s, split[0], split[1], tp, offload)
+                if last.fits:
+                    return last
+    return last
+
+
+def suggestions(s: Setup) -> list[str]:
+    """The smallest single changes that make ``s`` fit, as one line each."""
+    found = []
+    if s.offload != "all":
+        if choose(replace(s, offload="all")).fits:
+            found.append("offload weights, grads and optimizer states to CPU (--offload all)")
+    if s.logits_mode == "full" and s.engine != "easyr1":
+        if choose(replace(s, logits="chunked")).fits:
+            found.append("compute the loss in chunks (--logits chunked)")
+    for nodes in (s.nodes * 2, s.nodes * 4):
+        if choose(replace(s, nodes=nodes, sp=None, cp=None)).fits:
+            found.append(f"more GPUs: {nodes} nodes × {s.gpus} (--nodes {nodes})")
+            break
+    shorter = _longest_fitting(s)
+    if shorter:
+        found.append(shorter)
+    return found
+
+
+def _longest_fitting(s: Setup) -> str | None:
+    """The longest response (GRPO) or training window (finetune) that fits, in 1024s."""
+    fixed = s.prompt if s.engine in GRPO and s.response else 0
+    low, high = 0, (s.context - fixed) // 1024
+    while low < high:  # the largest k with a fitting context of fixed + k·1024
+        mid = (low + high + 1) // 2
+        if choose(replace(s, context=fixed + mid * 1024, response=mid * 1024)).fits:
+            low = mid
+        else:
+            high = mid - 1
+    if low == 0:
+        return None
+    if fixed:
+        return f"a shorter response: {low * 1024} tokens (--response {low * 1024})"
+    return f"a shorter training window: {low * 1024} tokens (--context {low * 1024})"
