@@ -16,6 +16,8 @@ import re
 import shutil
 from pathlib import Path
 
+from yarnlib import atomic
+
 CHECKPOINTS = "checkpoints"
 RUN_FILE = "run.json"
 _NAME = re.compile(r"^step-(\d+)$")
@@ -145,11 +147,15 @@ def save(accelerator, output: Path, step: int, keep: int, settings: dict) -> Pat
     """Every process writes its part into a .tmp folder, renamed once all are done."""
     final = checkpoint_dir(output, step)
     staging = final.with_name(final.name + ".tmp")
+    if accelerator.is_main_process:
+        final.parent.mkdir(parents=True, exist_ok=True)  # the first save makes checkpoints/
+        atomic.fresh_folder(staging)  # a killed save's folder, or a planted link, goes
+    accelerator.wait_for_everyone()
     accelerator.save_state(str(staging))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        (staging / RUN_FILE).write_text(json.dumps(settings, indent=1) + "\n")
-        shutil.rmtree(final, ignore_errors=True)
+        atomic.write_text(staging / RUN_FILE, json.dumps(settings, indent=1) + "\n")
+        atomic.remove(final)
         staging.rename(final)
         for old in completed(output)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
@@ -169,4 +175,4 @@ def truncate_log(path: Path, step: int) -> None:
             continue
         if record.get("step", 0) <= step:
             kept.append(line)
-    path.write_text("".join(line + "\n" for line in kept))
+    atomic.write_text(path, "".join(line + "\n" for line in kept), "log")

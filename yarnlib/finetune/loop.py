@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
 import yarnlib
+from yarnlib import atomic
 from yarnlib.chunked_loss import IGNORE_INDEX, nll_sum
 from yarnlib.finetune import checkpoint, checks
 from yarnlib.finetune.batches import micro_batch
@@ -370,7 +371,7 @@ def save_model(accelerator, model, tokenizer, folder: Path, lora: bool) -> Path:
     under a .tmp name and renamed: an earlier model stays whole until this one is."""
     staging = folder.with_name(folder.name + ".tmp")
     if accelerator.is_main_process:
-        shutil.rmtree(staging, ignore_errors=True)
+        atomic.fresh_folder(staging)  # a killed save's folder, or a planted link, goes
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
     if lora:  # the adapter alone too (megabytes, beside the merged model), before merging
@@ -390,7 +391,7 @@ def save_model(accelerator, model, tokenizer, folder: Path, lora: bool) -> Path:
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         tokenizer.save_pretrained(staging)
-        shutil.rmtree(folder, ignore_errors=True)
+        atomic.remove(folder)  # a link there goes, what it points to stays
         staging.rename(folder)
     accelerator.wait_for_everyone()
     return folder
@@ -401,8 +402,8 @@ def save_adapter(accelerator, peft_model, folder: Path) -> None:
     a .tmp name and renamed; the patched config in model/ says which RoPE it was trained with."""
     staging = folder.with_name(folder.name + ".tmp")
     if accelerator.is_main_process:
-        shutil.rmtree(staging, ignore_errors=True)
+        atomic.fresh_folder(staging)
         peft_model.save_pretrained(staging)
-        shutil.rmtree(folder, ignore_errors=True)
+        atomic.remove(folder)
         staging.rename(folder)
     accelerator.wait_for_everyone()
