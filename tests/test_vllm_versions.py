@@ -154,6 +154,59 @@ def test_each_version_reads_the_spec(version, name, partial):
     assert got["derived_max_model_len"] == kwargs["max_model_len"]
 
 
+YARN_ATTENTION_KEYS = ("attention_factor", "attn_factor", "apply_yarn_scaling")
+BETWEEN_0_12_AND_0_32 = {"attention_factor": 1.3, "attn_factor": 1.3, "apply_yarn_scaling": False}
+
+
+@pytest.mark.parametrize(
+    "version, keys",
+    [
+        # 0.11 reads attn_factor only, and multiplies 0.1·ln(s) + 1 by it
+        ("0.11.0", {"attention_factor": 1.3, "attn_factor": 1.3 / mscale(FACTOR)}),
+        ("0.12.0", BETWEEN_0_12_AND_0_32),
+        ("0.31.0", BETWEEN_0_12_AND_0_32),  # not read: both spellings
+        ("0.32.0", {"attention_factor": 1.3}),  # reads attention_factor, not attn_factor
+    ],
+)
+def test_the_yarn_attention_factor_spelling_changes_at_0_12_and_0_32(version, keys):
+    spec = SPECS["yarn+attention_factor"]
+    overrides = llm_kwargs(spec, head_dim=HEAD_DIM, vllm_version=version)["hf_overrides"]
+    params = overrides["rope_parameters"]
+    assert {k: params[k] for k in YARN_ATTENTION_KEYS if k in params} == keys
+    if version == "0.31.0":  # whichever of its neighbours' readings 0.31 has, it gets 1.3
+        for reader in ("0.24.0", "0.32.0"):
+            assert read(reader, checkpoint(1.0, 5), overrides)["attention"] == pytest.approx(1.3)
+
+
+@pytest.mark.parametrize(
+    "before, since, boundary",
+    [("0.13.0", "0.14.0", "plugin"), ("0.23.0", "0.24.0", "rope_dim"), ("0.23.0", "0.24.0", "v4")],
+)
+def test_version_boundaries(before, since, boundary):
+    """The first version read that has a feature, and the one before it (unread, but older
+    than the change): the plugin's get_rope from 0.14, rope_dim and transformers 5 (no
+    rope_scaling written) from 0.24."""
+    if boundary == "plugin":
+        dynamic = RopeScaling("dynamic_ntk", FACTOR, L, THETA, 32)
+        with pytest.raises(ValueError, match=r"plugin needs vLLM >= 0\.14"):
+            llm_kwargs(dynamic, head_dim=HEAD_DIM, vllm_version=before)
+        assert llm_kwargs(dynamic, head_dim=HEAD_DIM, vllm_version=since)
+    elif boundary == "rope_dim":
+        spec = SPECS["yarn"].replace(rotary_dim=16)
+        with pytest.raises(ValueError, match=f"head_dim: required for vLLM {before}"):
+            llm_kwargs(spec, vllm_version=before)
+        assert llm_kwargs(spec, vllm_version=since)["hf_overrides"]["rope_parameters"]["rope_dim"]
+    else:
+        assert (
+            "rope_scaling"
+            in llm_kwargs(SPECS["yarn"], head_dim=32, vllm_version=before)["hf_overrides"]
+        )
+        assert (
+            "rope_scaling"
+            not in llm_kwargs(SPECS["yarn"], head_dim=32, vllm_version=since)["hf_overrides"]
+        )
+
+
 @pytest.mark.parametrize("version", ["0.11.0", "0.12.0"])
 def test_dynamic_methods_need_the_plugins_get_rope(version):
     with pytest.raises(ValueError, match=r"plugin needs vLLM >= 0\.14"):
