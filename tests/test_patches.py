@@ -151,8 +151,11 @@ def test_unpatch_restores_bits_and_config(arch):
     yarnlib.patch(model, "yarn", 4.0)
     yarnlib.patch(model, "dynamic_yarn", 8.0)  # a second patch, then one unpatch
     assert not torch.equal(logits(model), before)
+    assert "generate" in model.__dict__  # the wrapper declaring prompt + max_new_tokens
     yarnlib.unpatch(model)
     assert model.model.rotary_emb is rotary
+    assert "generate" not in model.__dict__  # the class's own generate again
+    assert model.generate.__func__ is type(model).generate
     assert torch.equal(logits(model), before)
     assert model.config.to_dict() == config_before
     assert modeling_llama.apply_rotary_pos_emb.__module__ == modeling_llama.__name__
