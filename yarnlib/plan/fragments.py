@@ -10,6 +10,16 @@ from typing import Any
 from yarnlib.plan.planner import Plan
 
 
+def merge(recipe: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
+    """``recipe`` with ``fragment``'s values set, nested mappings merged key by key."""
+    merged = dict(recipe)
+    for key, value in fragment.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            value = merge(merged[key], value)
+        merged[key] = value
+    return merged
+
+
 def _budget(plan: Plan) -> int:
     """Tokens per GPU per micro-batch: one whole sequence after the sequence split, in 1024s."""
     return math.ceil(plan.tokens_per_gpu / 1024) * 1024
@@ -102,7 +112,9 @@ def trl(plan: Plan) -> dict[str, Any]:
     fields = {
         "bf16": True,
         "gradient_checkpointing": s.checkpointing,
+        # one completion per micro-batch; a generation batch then holds whole prompt groups
         "per_device_train_batch_size": 1,
+        "gradient_accumulation_steps": s.rollout_n,
         "num_generations": s.rollout_n,
         "beta": 0.04 if s.reference else 0.0,
         "use_liger_kernel": s.logits_mode == "chunked",
