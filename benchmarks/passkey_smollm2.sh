@@ -2,9 +2,9 @@
 # Issue 29: SmolLM2-135M passkey at 32k/24k/16k with independent prompts (30 per length, each
 # with its own stretch of the packaged plays, depth and key; Wilson 95 % intervals), yarn:4
 # against the tuned specs, in bfloat16 (angles stay float32). Resumable: rerun this script and
-# finished prompts are taken from OUT (cells.jsonl, passkey_trials.jsonl). One cell (a depth
-# bin, 10 prompts) per invocation, interleaved over the rows, so that a partial run compares the
-# rows at the longest length first.
+# finished prompts are taken from OUT (cells.jsonl, passkey_trials.jsonl). One prompt per
+# invocation (--max-trials 1: the depth bin with the fewest finished prompts first), the rows
+# taking turns, so that a run cut short compares the rows evenly at the longest length first.
 #   nohup nice -n 10 bash benchmarks/passkey_smollm2.sh > /tmp/passkey_smollm2.log 2>&1 &
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,14 +12,15 @@ R=benchmarks/results/tune_smollm2
 OUT=${OUT:-$R/passkey-independent}
 ROWS=${ROWS:-"yarn:4 $R/tuned-yarn.json $R/checks/per-dim-floor.json"}
 LENGTHS=${LENGTHS:-"32768 24576 16384"}
+TRIALS=${TRIALS:-30}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1
 for length in $LENGTHS; do
-    for cell in 1 2 3; do
+    for _ in $(seq "$TRIALS"); do
         for row in $ROWS; do
             if [[ $row == *.json ]]; then what=(--methods "" --spec "$row"); else what=(--methods "$row"); fi
             .venv/bin/yarnlib eval passkey --model smollm2 "${what[@]}" --lengths "$length" \
-                --trials 30 --dtype bfloat16 --output "$OUT" --resume --max-cells 1
+                --trials "$TRIALS" --dtype bfloat16 --output "$OUT" --resume --max-trials 1
         done
     done
 done

@@ -4,12 +4,15 @@ import csv
 import json
 
 import pytest
-from test_eval_support import corpus_text, text_dataset, tiny_folder, tiny_tokenizer
+from test_eval_support import VOCAB, corpus_text, text_dataset, tiny_folder, tiny_tokenizer
+from tiny_models import tiny_model
 
 from yarnlib.cli import main
 from yarnlib.eval import passkey
+from yarnlib.eval.methods import parse_methods
 from yarnlib.eval.passkey import Independent, by_length, cut, load_haystack
 from yarnlib.eval.stats import wilson
+from yarnlib.eval.store import CellStore
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +75,7 @@ def test_every_prompt_of_a_cell_is_its_own_draw(tok, haystack):
         cell = built(layout, tok, 700, depth, trials=9)
         assert [t for t, _, _ in cell] == list(range(b, 9, 2))
         offsets = [d["offset"] for _, d, _ in cell]
-        depths = [d["depth"] for _, d, _ in cell]
+        depths = [d["prompt_depth"] for _, d, _ in cell]
         keys = [p.key for _, _, p in cell]
         all_keys += keys
         assert len(set(offsets)) == len(set(depths)) == len(set(keys)) == len(cell)
@@ -80,7 +83,7 @@ def test_every_prompt_of_a_cell_is_its_own_draw(tok, haystack):
         assert all(lo <= d <= hi for d in depths)
         for _, drawn, prompt in cell:
             assert len(prompt.input_ids) == 700
-            key_offset = round(drawn["depth"] * prompt.filler_tokens)
+            key_offset = round(drawn["prompt_depth"] * prompt.filler_tokens)
             assert prompt.key_start == prompt.header_tokens + key_offset
             head = prompt.input_ids[prompt.header_tokens : prompt.key_start]
             assert head == cut(ids, drawn["offset"], prompt.filler_tokens)[:key_offset]
@@ -101,7 +104,7 @@ def test_depths_are_stratified_over_the_range(tok, haystack):
     """12 trials over [0, 1] in 3 bins: 4 per bin, one in each quarter of its bin."""
     layout = Independent(haystack[1], 0.0, 1.0, bins=3)
     for b, depth in enumerate(layout.cell_depths()):
-        depths = sorted(d["depth"] for _, d, _ in layout.prompts(tok, 500, depth, 12, 0, 0))
+        depths = sorted(d["prompt_depth"] for _, d, _ in layout.prompts(tok, 500, depth, 12, 0, 0))
         lo = b / 3
         assert [int((d - lo) * 12) for d in depths] == [0, 1, 2, 3]
 
@@ -175,3 +178,26 @@ def test_bad_layout_input(model_dir, tmp_path, capsys, monkeypatch, extra, messa
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_max_trials_fills_the_cells_evenly_and_resumes(tok, haystack, tmp_path):
+    """One new prompt per run: the cell with the fewest finished prompts goes first; after as
+    many runs as prompts, the cells equal those of one whole run."""
+    model = tiny_model(vocab_size=VOCAB, attn_implementation="sdpa")
+    layout = Independent(haystack[1], 0.0, 1.0, bins=2)
+    keys = ("method", "length", "depth")
+    run = (model, tok, parse_methods("yarn:2"), [200], [], 4)
+    whole = CellStore(tmp_path / "whole", keys, {}, False)
+    passkey.run_passkey(*run, whole, layout=layout)
+    depths = []
+    for _ in range(4):
+        cells = CellStore(tmp_path / "pieces", keys, {}, True)
+        trials = CellStore(tmp_path / "pieces", (*keys, "trial"), {}, True, passkey.TRIALS)
+        before = set(trials.done)
+        passkey.run_passkey(*run, cells, trial_store=trials, layout=layout, max_trials=1)
+        (new,) = set(trials.done) - before
+        depths.append(new[2])
+    assert depths == [0.25, 0.75, 0.25, 0.75]
+    assert cells.done.keys() == whole.done.keys()
+    for key, cell in whole.done.items():
+        assert cells.done[key]["answers"] == cell["answers"]

@@ -199,7 +199,7 @@ def run_passkey_cli(args) -> int:
     lengths = int_list("lengths", args.lengths)
     if args.trials is None:
         args.trials = 5 if args.layout == "classic" else 30
-    for field in ("trials", "max_new_tokens", "max_cells"):
+    for field in ("trials", "max_new_tokens", "max_cells", "max_trials"):
         positive(field, getattr(args, field))
     methods, _ = prepare(args, lengths)
     tokenizer = AutoTokenizer.from_pretrained(resolve(args.model))
@@ -220,7 +220,7 @@ def run_passkey_cli(args) -> int:
         computed = run_passkey(
             model, tokenizer, methods, lengths, depths, args.trials, store,
             args.seed, args.distractors, args.max_new_tokens, args.max_cells,
-            trial_store=trial_store, layout=layout,
+            trial_store=trial_store, layout=layout, max_trials=args.max_trials,
         )  # fmt: skip
     records = list(store.done.values())
     lengths_rows = by_length(records)
@@ -333,6 +333,10 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--distractors", type=int, default=0, help="decoy keys (harder variant)")
     p.add_argument("--max-new-tokens", type=int, default=8)
+    p.add_argument(
+        "--max-trials", type=int, help="stop after this many new prompts, the cells with the "
+        "fewest finished prompts first (a long run in pieces: --resume goes on)",
+    )  # fmt: skip
     p.set_defaults(func=interruptible(run_passkey_cli))
 
     p = evals.add_parser(

@@ -220,7 +220,7 @@ class Independent:
         out = []
         for t in range(b, trials, self.bins):
             key, offset, placed = draws[t]
-            out.append((t, {"depth": placed, "offset": offset}, self.builder(
+            out.append((t, {"prompt_depth": placed, "offset": offset}, self.builder(
                 tokenizer, length, placed, key, offset, f"{seed}:{length}:{t}", distractors
             )))  # fmt: skip
         return out
@@ -389,6 +389,7 @@ def run_passkey(
     share_prefixes: bool = True,
     trial_store: CellStore | None = None,
     layout: Independent | None = None,
+    max_trials: int | None = None,
 ) -> list[tuple]:
     """Compute every missing (method, length, depth) cell into ``store``; returns those computed.
     Classic layout (``layout`` None): ``trials`` prompts per depth of ``depths``. Independent
@@ -396,7 +397,10 @@ def run_passkey(
     cells are keyed by the bins' centres).
     ``share_prefixes=False`` runs every prompt in full (the reference for the shared path).
     ``trial_store`` (keys method, length, depth, trial) holds each finished trial, so a run
-    killed inside a cell (tens of minutes at 32k on a CPU) resumes from its last trial."""
+    killed inside a cell (tens of minutes at 32k on a CPU) resumes from its last trial.
+    ``max_trials``: stop after that many new prompts (into ``trial_store``), taking the cells
+    with the fewest finished prompts first, so that a run cut into pieces fills the cells (and
+    rows, one invocation each) evenly."""
     if layout is not None:
         depths = layout.cell_depths()
     cells = [
@@ -408,13 +412,24 @@ def run_passkey(
     ]
     order = {m: i for i, m in enumerate(methods)}
     cells.sort(key=lambda c: (order[c[0]], c[1], c[2]))  # keys deeper and deeper: longer reuse
+    prompts_of = classic_prompts if layout is None else layout.prompts
+    cell_prompts = {(n, d): prompts_of(tokenizer, n, d, trials, seed, distractors)
+                    for _, n, d in cells}  # fmt: skip
+    if max_trials is not None:
+        if trial_store is None:
+            raise ValueError("max_trials needs a trial_store to keep the prompts it computes")
+
+        def finished(cell):
+            m, n, d = cell
+            return sum(trial_store.has(method=m.label, length=n, depth=d, trial=t)
+                       for t, _, _ in cell_prompts[n, d])  # fmt: skip
+
+        cells.sort(key=finished)  # stable: the order above among equals
     if max_cells is not None:
         cells = cells[:max_cells]
     computed = []
     device = next(model.parameters()).device
-    prompts_of = classic_prompts if layout is None else layout.prompts
-    cell_prompts = {(n, d): prompts_of(tokenizer, n, d, trials, seed, distractors)
-                    for _, n, d in cells}  # fmt: skip
+    budget = max_trials
     total = sum(n * len(cell_prompts[n, d]) for _, n, d in cells)
     cache, running = None, None
     with tqdm(total=total, unit="tok", unit_scale=True, desc="passkey") as bar:
@@ -437,14 +452,22 @@ def run_passkey(
                         results.append({f: done[f] for f in (*drawn, "key", "answer", "text")})
                         resumed += 1
                     else:
+                        if budget is not None and budget <= 0:
+                            break
                         prompt = build()
                         text = answer(model, tokenizer, prompt, max_new_tokens, cache)
                         result = {**drawn, "key": prompt.key, "answer": parse_answer(text),
                                   "text": text}  # fmt: skip
                         results.append(result)
                         if trial_store is not None:
-                            trial_store.add({**key, **result})
+                            trial_store.add(
+                                {**result, **key}
+                            )  # the key last: no field may shadow it
+                        if budget is not None:
+                            budget -= 1
                     bar.update(n)
+            if len(results) < len(prompts):  # max_trials spent inside this cell
+                break
             correct = sum(r["answer"] == r["key"] for r in results)
             where = {}
             if layout is not None:  # the cell's bin of depths
