@@ -89,7 +89,8 @@ def main() -> None:
         yarnlib_main(
             ["eval", "passkey", *common, "--methods", args.passkey_methods,
              "--lengths", args.passkey_lengths, "--depths", args.depths,
-             "--trials", str(args.trials), "--output", str(output / "passkey")]
+             "--trials", str(args.trials), "--layout", "classic",
+             "--output", str(output / "passkey")]
         )  # fmt: skip
     if "memory" in parts:
         print(json.dumps(memory_check(args.memory_length, args.memory_layers, output), indent=2))

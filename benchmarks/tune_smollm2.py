@@ -107,7 +107,8 @@ def evaluate(args, plan: dict, data: Path, output: Path, specs: dict[str, Path])
     yarnlib(
         "eval", "passkey", *common, "--methods", baselines, "--lengths", plan["passkey_lengths"],
         "--trials", str(plan["trials"]), "--depths", plan["depths"],
-        "--dtype", plan["passkey_dtype"], "--output", str(output / "passkey"),
+        "--dtype", plan["passkey_dtype"], "--layout", "classic",
+        "--output", str(output / "passkey"),
     )  # fmt: skip
     return {
         name: json.loads((output / folder / f"{name}.json").read_text())["cells"]

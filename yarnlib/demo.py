@@ -42,7 +42,7 @@ def run(args) -> int:
     code = yarnlib_main(
         ["eval", "passkey", *common, "--methods", args.passkey_methods,
          "--lengths", args.passkey_lengths, "--depths", args.depths, "--trials", str(args.trials),
-         "--output", str(output / "passkey")]
+         "--layout", "classic", "--output", str(output / "passkey")]
     )  # fmt: skip
     if code:
         return code
