@@ -52,11 +52,30 @@ def test_two_steps_ran_beyond_the_original_context(summary):
 
 @pytest.mark.parametrize("step", [0, 1])
 def test_rollout_matches_actor_with_yarnlib(summary, step):
-    gap = summary["steps"][step]["gap"]
+    record = summary["steps"][step]
+    gap = record["gap"]
     for part in ("within", "beyond"):
         assert gap[part]["tokens"] > 0
         for key, limit in TOLERANCE.items():
             assert gap[part][key] <= limit, (step, part, gap)
+    # every token after a sequence's first is scored once: positions 1..L-1 within, the rest
+    # (all longer than L) beyond
+    sequences = len(record["prompt_tokens"])
+    scored = sum(record["prompt_tokens"]) + sum(record["completion_tokens"]) - sequences
+    assert gap["within"]["tokens"] == sequences * (ORIGINAL - 1)
+    assert gap["within"]["tokens"] + gap["beyond"]["tokens"] == scored
+
+
+def test_gap_splits_at_the_original_context():
+    """|Δ| of the tokens at positions 1..8 is 1..8: with L = 4, positions 1..3 are within
+    (max 3, mean 2) and 4..8 beyond (max 8, mean 6), the token at L counted once."""
+    import torch
+
+    from yarnlib.integrations.logprob_gap import gap
+
+    got = gap([[0.0] * 8], [torch.arange(1, 9, dtype=torch.float32)], original=4)
+    assert got["within"] == {"tokens": 3, "max_abs": 3.0, "mean_abs": 2.0}
+    assert got["beyond"] == {"tokens": 5, "max_abs": 8.0, "mean_abs": 6.0}
 
 
 def test_mistaken_setups_are_far_outside(summary):
@@ -130,6 +149,34 @@ def test_apply_refuses_before_writing(model_dir, tmp_path, case, pattern):
             folder, spec(method), kwargs, output=tmp_path / "out", max_prompt_length=prompt
         )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "prompt, completion, max_model_len, refused",
+    [
+        (960, 64, None, None),  # prompt + completion = L × s: accepted
+        (961, 64, None, r"= 1025 exceeds"),
+        (800, 64, 864, None),  # vllm_max_model_length = prompt + completion
+        (800, 64, 863, r"must be in 864\.\.1024"),
+        (800, 64, 1024, None),  # = L × s
+        (800, 64, 1025, r"must be in 864\.\.1024"),
+    ],
+)
+def test_apply_lengths_at_the_boundaries(
+    model_dir, tmp_path, prompt, completion, max_model_len, refused
+):
+    from yarnlib.integrations import trl as yarnlib_trl
+
+    kwargs = dict(output_dir=str(tmp_path / "t"), use_cpu=True, max_completion_length=completion)
+    kwargs["vllm_max_model_length"] = max_model_len
+    out = tmp_path / "out"
+    if refused:
+        with pytest.raises(ValueError, match=refused):
+            yarnlib_trl.apply(model_dir, spec(), kwargs, output=out, max_prompt_length=prompt)
+        assert not out.exists()
+        return
+    _, args = yarnlib_trl.apply(model_dir, spec(), kwargs, output=out, max_prompt_length=prompt)
+    assert args.vllm_max_model_length == (max_model_len or prompt + completion)
 
 
 def test_rollout_refuses_dynamic_methods():
