@@ -27,7 +27,12 @@ THETA, HEAD_DIM, L = 50000.0, 16, 256  # tiny_models' settings
 
 
 def files(path: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir())}
+    """Each file's hash (config --in-place's empty lock file left out)."""
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.iterdir())
+        if p.name != ".yarnlib.lock"
+    }
 
 
 def edit_config(path: Path, **keys) -> None:
