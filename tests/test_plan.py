@@ -3,9 +3,11 @@
 real transformers layers), the valid parallel degrees, and the command's answers."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from tiny_models import tiny_config
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -192,6 +194,10 @@ def test_activation_formulas_by_hand():
     full = memory.activations(shape, tokens, p, checkpointing=False)
     assert full.head == 14 * tokens * 152064 and full.recompute == 0
     # eager keeps [heads × T] float32 softmax per token (and no bf16 cast of it in fp32)
+    # a log-prob forward: gate, up and their product in bf16 beside two float32 residual grads
+    # worth of hidden states, or the bf16 logits and float32 log-softmax of the chunk
+    assert memory.forward_peak(shape, 1000, p, 1024) == 10 * 1024 * 152064
+    assert memory.forward_peak(shape, 10**5, p, 1024) == (3 * i * 2 + 8 * h) * 10**5
     fp32 = memory.PRECISIONS["fp32"]
     eager = memory.attention_bytes(shape, 1000, "eager", fp32)
     assert eager == 4 * 4 * nd + 4 * 28 * 1000
@@ -239,6 +245,28 @@ def test_valid_degrees(name, gpus, sp, tp):
     shape = shape_from_config(REAL[name])
     assert parallel.ulysses_degrees(shape, gpus) == sp
     assert parallel.tensor_parallel_degrees(shape, min(gpus, 8)) == tp
+
+
+@pytest.mark.parametrize(
+    "recipe, config",
+    [
+        ("verl_grpo_qwen2_5_7b_instruct_128k.yaml", QWEN25_7B),
+        ("verl_grpo_qwen3_8b_128k.yaml", QWEN3_8B),
+        ("easyr1_grpo_qwen2_5_7b_instruct_128k.yaml", QWEN25_7B),
+        ("easyr1_grpo_qwen3_8b_128k.yaml", QWEN3_8B),
+    ],
+)
+def test_example_recipes_use_a_valid_ulysses_degree(recipe, config):
+    cfg = yaml.safe_load((Path(__file__).parent.parent / "examples" / recipe).read_text())
+    if recipe.startswith("verl"):
+        sp = cfg["actor_rollout_ref"]["actor"]["ulysses_sequence_parallel_size"]
+        tp = cfg["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"]
+    else:
+        sp = cfg["worker"]["actor"]["ulysses_size"]
+        tp = cfg["worker"]["rollout"]["tensor_parallel_size"]
+    shape = shape_from_config(config)
+    assert sp in parallel.ulysses_degrees(shape, cfg["trainer"]["n_gpus_per_node"])
+    assert tp in parallel.tensor_parallel_degrees(shape, cfg["trainer"]["n_gpus_per_node"])
 
 
 def _plan(tmp_path, capsys, config, *argv):

@@ -19,6 +19,19 @@ import subprocess
 import sys
 from typing import Any
 
+# the tiny Llama of the CI check and the benchmark: activations of 2048 tokens ≫ allocator noise
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+    "vocab_size": 4096,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
+}
 # glibc: serve every allocation >= 64 KiB with mmap (released on free), never adapt it upwards
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
 
@@ -102,7 +115,14 @@ def measure(row: dict[str, Any]) -> dict[str, Any]:
     )
     params = [p.numel() for p in model.parameters()]
     planned = memory.step_peak(shape, acts, precision, sum(params), max(params))
-    return {**row, "measured_bytes": measured, "planned_bytes": planned}
+    config = {k: v for k, v in model.config.to_dict().items() if isinstance(v, (int, str, bool))}
+    return {
+        **row,
+        "measured_bytes": measured,
+        "planned_bytes": planned,
+        "config": config,
+        "params": [sum(params), max(params)],
+    }
 
 
 def measure_in_subprocess(row: dict[str, Any], nice: int = 0, timeout: float | None = None):

@@ -152,12 +152,11 @@ def activation_peak(acts: Activations) -> int:
     return acts.saved + max(acts.head, acts.recompute + acts.backward)
 
 
-def forward_peak(shape: ModelShape, tokens: int, p: Precision, chunk: int = 0) -> int:
+def forward_peak(shape: ModelShape, tokens: int, p: Precision, rows: int) -> int:
     """A forward without grad (log-prob passes): one layer's largest transient (gate, up and
-    their product beside the residual stream) or the head's logits and log-softmax."""
+    their product beside the residual stream) or the logits and log-softmax of ``rows``."""
     experts = max(1, shape.num_experts_per_tok)
     layer = (3 * shape.intermediate_size * experts * p.compute + 2 * shape.hidden_size * 4) * tokens
-    rows = min(chunk, tokens) if chunk else tokens
     return max(layer, (p.compute + 8) * rows * shape.vocab_size)
 
 

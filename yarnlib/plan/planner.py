@@ -127,7 +127,8 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
         chunk=chunk,
         attended=s.context,
     )
-    acts = replace(acts, head=memory.logits_bytes(s.shape, min(chunk or head_rows, head_rows), p))
+    rows = min(chunk or head_rows, head_rows)
+    acts = replace(acts, head=memory.logits_bytes(s.shape, rows, p))
     if cp > 1:  # ring attention all-gathers K and V of the whole sequence, forward and backward
         gathered = 2 * 2 * s.context * s.shape.kv_width * p.compute
         acts = replace(acts, backward=acts.backward + gathered)
@@ -142,7 +143,7 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
     if s.engine == "finetune":
         _check(plan)
         return plan
-    logprob = memory.forward_peak(s.shape, tokens, p, chunk)
+    logprob = memory.forward_peak(s.shape, tokens, p, rows)
     lines["log-prob forward (no grad)"] = logprob
     plan.phases["log-prob"] = resident + lines["FSDP working copies (bf16)"] + logprob + s.reserve
     plan.utilization = s.utilization or _utilization(s, resident)
