@@ -141,11 +141,24 @@ def test_finetune_files_never_written_through_links(tmp_path):
     assert target.read_text() == "not yours\n"
 
 
+def test_result_files_get_the_mode_a_plain_open_gives(tmp_path):
+    umask = os.umask(0o022)
+    os.umask(umask)
+    fresh = atomic.write_text(tmp_path / "fresh.json", "{}\n")
+    assert fresh.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0o600
+    kept = tmp_path / "kept.json"
+    kept.write_text("")
+    kept.chmod(0o640)
+    atomic.write_text(kept, "{}\n")
+    assert kept.stat().st_mode & 0o777 == 0o640
+
+
 # -- item 10: a full disk, simulated by os.write failing at each write in turn -------------------
 
 
 class FullDisk:
-    """os.write that raises ENOSPC on call number ``fail_at`` (0: never) and counts calls."""
+    """os.write that, on call number ``fail_at`` (0: never), writes half of its data and raises
+    ENOSPC, as a disk filling up mid-write does (a short write, then the error); counts calls."""
 
     def __init__(self, fail_at: int):
         self.fail_at, self.calls = fail_at, 0
@@ -154,6 +167,7 @@ class FullDisk:
     def __call__(self, fd, data):
         self.calls += 1
         if self.calls == self.fail_at:
+            self.write(fd, bytes(data)[: len(data) // 2])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return self.write(fd, data)
 

@@ -29,14 +29,18 @@ def cannot_write(field: str, path: Path, error: OSError) -> ValueError:
     return ValueError(f"{field}: cannot write {path} ({reason}); it was left as it was")
 
 
+# read once, at import: setting the umask to read it would, for that instant, give files other
+# threads create meanwhile the wrong mode
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def _default_mode(path: Path) -> int:
     """The mode a plain ``open(path, "w")`` would give: an existing file's own, else the umask's
     (mkstemp makes files private, but a result file is shared like any other)."""
     if path.is_file() and not path.is_symlink():
         return path.stat().st_mode & 0o7777
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+    return 0o666 & ~_UMASK
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -151,32 +155,33 @@ def fresh_folder(path: Path) -> Path:
     return Path(path)
 
 
-LOCK = ".yarnlib.lock"
-
-
 @contextlib.contextmanager
 def lock_folder(folder: str | Path, command: str) -> Iterator[None]:
-    """Hold the folder's lock (``flock`` on its LOCK file) while rewriting it: a second command
-    on the same folder meanwhile is refused as busy rather than racing on its temporary files.
-    A folder that cannot hold the lock file (absent, read-only) is left to the command's own
-    checks: nothing can be rewritten there anyway."""
-    path = Path(folder) / LOCK
+    """Hold an exclusive ``flock`` on the folder itself while rewriting it: a second command on
+    the same folder meanwhile is refused as busy rather than racing on its temporary files. No
+    lock file is made, so a refused or failed run leaves the folder exactly as it was. A folder
+    that cannot be opened is left to the command's own checks; where the file system cannot
+    lock a folder (NFS refuses flock on a read-only descriptor), the command runs unlocked."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
-        refuse_symlink(path, "model_dir")
         yield
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+        if not _try_lock(fd):
             raise ValueError(
                 f"model_dir: {folder} is busy: another `yarnlib {command}` is rewriting it; "
                 "allowed: one rewrite at a time (run it again once that one has ended)"
-            ) from None
+            )
         yield  # the lock ends with the descriptor
     finally:
         os.close(fd)
+
+
+def _try_lock(fd: int) -> bool:
+    """False only when another process holds the lock."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        return error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN)
+    return True
