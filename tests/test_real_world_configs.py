@@ -7,8 +7,12 @@ every command must keep it exactly or refuse it by name, never rewrite it into a
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,6 +194,38 @@ def test_top_level_original_length_is_read_where_each_reader_reads_it(llama, cap
     assert main([*argv, "--in-place"]) == 0 and files(llama) != before  # idempotent, no error
     assert main(["config", str(llama), "--reset", "--in-place"]) == 0
     assert {k: v for k, v in files(llama).items() if not k.endswith(".bak")} == before
+
+
+VLLM_PROBE = """
+import json, sys
+from vllm.config import ModelConfig
+path, kwargs = sys.argv[1], json.loads(sys.argv[2])
+kwargs.pop("model", None)
+mc = ModelConfig(model=path, tokenizer=path, dtype="float32", **kwargs)
+print("RESULT " + json.dumps(dict(mc.hf_config.rope_parameters)))
+"""
+
+
+def vllm_reads(path: Path, kwargs: dict) -> dict:
+    """The rope parameters vLLM's own config loader ends with (a subprocess: vLLM's import)."""
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}
+    argv = [sys.executable, "-c", VLLM_PROBE, str(path), json.dumps(kwargs)]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
+def test_vllm_runs_the_original_length_given(llama, tmp_path, capsys):
+    """vLLM takes L from vllm-args' rope override as given, beside a top-level key that it
+    (like transformers 5) would read first from the file: the L asked for is the L run."""
+    edit_config(llama, original_max_position_embeddings=L // 2, max_position_embeddings=L)
+    argv = ["vllm-args", str(llama), "--factor", "4", "--original-max-position-embeddings"]
+    capsys.readouterr()
+    assert main([*argv, str(L), "--json"]) == 0
+    kwargs = json.loads(capsys.readouterr().out)
+    assert vllm_reads(llama, kwargs)["original_max_position_embeddings"] == L  # not the 128
 
 
 def test_show_reports_what_transformers_runs_when_lengths_disagree(llama):
