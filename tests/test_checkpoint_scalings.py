@@ -79,6 +79,23 @@ def test_from_hf_is_transformers(rope_type, rope, partial):
     assert RopeScaling.from_hf(written, rotary_dim=spec.rotary_dim) == spec
 
 
+@pytest.mark.parametrize("rope", [{}, {"factor": 4.0}])
+def test_longrope_without_an_original_length_takes_max_position_embeddings(rope):
+    """A config.json whose longrope names no original_max_position_embeddings (neither in
+    the rope dict nor at the top level): transformers takes max_position_embeddings as L."""
+    from tiny_models import hand_written_rope, tiny_config
+
+    params = {k: v for k, v in ROPES["longrope"].items() if k != "original_max_position_embeddings"}
+    keys = {"max_position_embeddings": CONTEXT, **hand_written_rope({**params, **rope})}
+    spec = RopeScaling.from_hf({"model_type": "llama", "head_dim": HEAD_DIM, **keys})
+    config = tiny_config("llama", head_dim=HEAD_DIM, **keys)  # the reference (fills L in keys)
+    assert spec.original_max_position_embeddings == CONTEXT
+    for seq_len in (None, CONTEXT, CONTEXT + 1):
+        inv_freq, attention = ROPE_INIT_FUNCTIONS["longrope"](config, None, seq_len=seq_len)
+        got = spec.frequencies(seq_len)
+        assert torch.equal(got.inv_freq, inv_freq) and got.attention_factor == attention
+
+
 @pytest.fixture(params=sorted(ROPES))
 def model_dir(request, tmp_path):
     from transformers import AutoModelForCausalLM

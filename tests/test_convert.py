@@ -140,6 +140,44 @@ def test_from_hf_errors_name_the_problem():
         to_hf(SPECS[0], "v6")
 
 
+@pytest.mark.parametrize("form", ["v4", "v5"])
+def test_yarn_without_factor_is_refused_by_name(form):
+    """transformers refuses a yarn dict without ``factor`` (a required key); read as s = 1 it
+    would be a yarn that scales nothing."""
+    from tiny_models import hand_written_rope
+
+    rope = {"rope_type": "yarn", "rope_theta": 1e4, "original_max_position_embeddings": 256}
+    with pytest.raises((KeyError, ValueError), match="factor"):  # the reference
+        LlamaConfig(hidden_size=64, num_attention_heads=2, **hand_written_rope(rope))
+    cfg = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 2}
+    if form == "v4":
+        cfg.update(
+            rope_theta=1e4, rope_scaling={k: v for k, v in rope.items() if k != "rope_theta"}
+        )
+    else:
+        cfg["rope_parameters"] = rope
+    for length in (256, 1024):  # read as 1 or as the ratio: transformers runs neither
+        with pytest.raises(ValueError, match=r"rope_scaling\.factor: missing for rope_type 'yarn'"):
+            RopeScaling.from_hf({**cfg, "max_position_embeddings": length})
+
+
+def test_per_layer_type_and_proportional_rope_are_refused_by_name():
+    """Gemma-style rope settings (docs/config.md, "What is refused"): one RoPE per layer type,
+    and Gemma 4's proportional type, whose exponents run over the whole head."""
+    per_layer = {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
+    with pytest.raises(ValueError, match=r"per-layer-type rope settings are not supported.*"
+                       r"\['full_attention', 'sliding_attention'\]"):  # fmt: skip
+        RopeScaling.from_hf({"model_type": "gemma3", "head_dim": 32, "rope_parameters": per_layer})
+    proportional = {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}
+    with pytest.raises(ValueError, match="rope_type 'proportional' is not supported by yarnlib"):
+        RopeScaling.from_hf(
+            {"model_type": "gemma4", "head_dim": 32, "rope_parameters": proportional}
+        )
+
+
 @pytest.mark.parametrize("spec", [s for s in SPECS if not s.is_dynamic], ids=str)
 def test_to_vllm_always_carries_theta_and_length(spec):
     kwargs = spec.to_vllm()

@@ -157,7 +157,8 @@ def to_vllm(
     if spec.is_dynamic:
         raise ValueError(
             f"method {spec.method!r} has no native vLLM equivalent (vLLM's 'dynamic' rope is "
-            "static: it fixes the scale at max_model_len); natively vLLM runs: "
+            "no substitute: up to 0.21 it fixes the NTK scale at max_position_embeddings × factor, "
+            "from 0.22 it runs plain RoPE over max_position_embeddings rows); natively vLLM runs: "
             f"{', '.join(STATIC_METHODS)}; for this one use yarnlib.vllm.llm_kwargs (yarnlib's "
             "plugin)"
         )
@@ -300,9 +301,12 @@ def native_spec(cfg: Mapping[str, Any], rotary_dim: int) -> RopeScaling:
     factor = params.get("factor")
     if method == "dynamic_ntk":
         kwargs["original_max_position_embeddings"] = max_positions
-    elif method == "longrope":  # a top-level original wins, as in transformers (Phi-3)
-        original = cfg.get("original_max_position_embeddings") or params.get(
-            "original_max_position_embeddings"
+    elif method == "longrope":  # a top-level original wins, as in transformers (Phi-3);
+        # without one, transformers takes max_position_embeddings (as for yarn)
+        original = (
+            cfg.get("original_max_position_embeddings")
+            or params.get("original_max_position_embeddings")
+            or max_positions
         )
         kwargs["original_max_position_embeddings"] = original
         if factor is None and max_positions and original:
@@ -318,6 +322,11 @@ def native_spec(cfg: Mapping[str, Any], rotary_dim: int) -> RopeScaling:
                 raise ValueError(f"rope_scaling.{knob} is required for rope_type 'llama3'")
             kwargs[knob] = params[knob]
     elif method in ("yarn", "dynamic_yarn"):
+        if "factor" not in params:  # transformers refuses it too (a required key), else s = 1
+            raise ValueError(
+                f"rope_scaling.factor: missing for rope_type {rope_type!r}; transformers requires "
+                "it (a yarn without it scales nothing): add the factor s (context / original)"
+            )
         original = installed_original(cfg)
         kwargs["original_max_position_embeddings"] = original
         if factor is None and max_positions and original:
@@ -340,6 +349,12 @@ def native_spec(cfg: Mapping[str, Any], rotary_dim: int) -> RopeScaling:
 
 def from_hf(config: Any, rotary_dim: int | None = None) -> RopeScaling:
     """The spec a transformers config (object or config.json dict, v4 or v5 keys) runs.
+
+    Each field is read as the installed transformers reads it (rope type, ``rope_theta``,
+    ``factor``, the original length, the YaRN knobs), except ``rotary_dim``: head_dim ×
+    ``partial_rotary_factor``, as vLLM reads it (and transformers' scaled rope types).
+    transformers' default RoPE for Llama-family models rotates the whole head whatever
+    ``partial_rotary_factor`` says; ``yarnlib config --show`` reports where the two differ.
 
     When the config carries yarnlib's marker and its native keys are still what the marker
     lowers to, the marker's exact spec is returned (so ``ntk`` stays ``ntk`` and keeps its
