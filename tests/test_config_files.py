@@ -45,7 +45,8 @@ METHOD_ARGS = {  # CLI flags -> the spec they must produce (L=256 taken from the
     "yarn-knobs": (["--factor", "4", "--beta-fast", "16", "--mscale", "0.707"], {}),
     "linear": (["--method", "linear", "--factor", "4"], {}),
     "ntk": (["--method", "ntk", "--factor", "4"], {}),
-    "dynamic_ntk": (["--method", "dynamic", "--factor", "4"], {}),
+    # vLLM >= 0.22 runs rope_type dynamic otherwise (refused; tests/test_vllm_versions.py)
+    "dynamic_ntk": (["--method", "dynamic", "--factor", "4", "--vllm-version", "0.21.0"], {}),
     "ntk_by_parts": (["--method", "ntk-by-parts", "--factor", "4", "--no-truncate"], {}),
     "dynamic_yarn": (["--method", "dynamic_yarn", "--factor", "4"], {}),
 }
@@ -608,8 +609,10 @@ def test_show_flags(folder):
     data.update(rope_scaling={"type": "dynamic", "factor": 4.0}, max_position_embeddings=L)
     del data["rope_theta"]
     config_path.write_text(json.dumps(data))
-    problems = " ".join(show(path)["inconsistencies"])
-    assert "static NTK" in problems and "no rope_theta" in problems
+    problems = " ".join(show(path, "0.21.0")["inconsistencies"])
+    assert "static NTK fixed at 1024 tokens" in problems and "no rope_theta" in problems
+    problems = " ".join(show(path, "0.22.0")["inconsistencies"])
+    assert "as plain RoPE" in problems and "table of 256 positions" in problems
 
 
 @pytest.mark.skipif(hf_format() == "v5", reason="transformers 5.x reads rope_parameters")

@@ -24,7 +24,10 @@ def mscale(s, m=1.0):  # yarn_get_mscale of every version read
 
 # What each version reads. rope: the config attribute get_rope receives; theta/partial: where
 # they are read ("top": the config attribute, "dict": inside the rope dict); yarn: the keys
-# passed to YaRNScalingRotaryEmbedding; yarn_len: what derives max_model_len for yarn.
+# passed to YaRNScalingRotaryEmbedding; yarn_len: what derives max_model_len for yarn; dynamic:
+# DynamicNTKScalingRotaryEmbedding._compute_cos_sin_cache (layers/rotary_embedding/
+# dynamic_ntk_scaling_rope.py): "scaled_table" up to 0.21 (@v0.11.0:50-67, @v0.21.0:51-68),
+# "trained_positions" from 0.22 (@v0.22.0:53-73, @v0.24.0:53-73, @v0.32.0:53-73).
 READS = {
     "0.11.0": dict(
         rope="rope_scaling",
@@ -32,6 +35,7 @@ READS = {
         partial="top",
         yarn={"extrapolation_factor", "attn_factor", "beta_fast", "beta_slow"},
         yarn_len="original*factor",
+        dynamic="scaled_table",
         transformers=4,
     ),
     "0.24.0": dict(
@@ -41,6 +45,7 @@ READS = {
         yarn={"extrapolation_factor", "attn_factor", "beta_fast", "beta_slow"}
         | {"apply_yarn_scaling", "truncate"},
         yarn_len="original*factor",
+        dynamic="trained_positions",
         transformers=5,
     ),
     "0.32.0": dict(
@@ -49,6 +54,7 @@ READS = {
         partial="dict",
         yarn={"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"},
         yarn_len="max_position_embeddings",
+        dynamic="trained_positions",
         transformers=5,
     ),
 }
@@ -238,6 +244,61 @@ def test_bad_version_names_the_field(bad):
         llm_kwargs(SPECS["yarn"], head_dim=32, vllm_version=bad)
 
 
+def dynamic_table(version: str, rope: dict, max_position: int) -> tuple[torch.Tensor, int]:
+    """inv_freq and table rows of vLLM's rope_type "dynamic", replayed from its source: get_rope
+    passes max_position P (the config's max_position_embeddings); up to 0.21 the table spans
+    P·s rows at base b·(s·(P·s)/P − (s−1))^(d/(d−2)); from 0.22 it spans P rows at base
+    b·(s·P/T − (s−1))^(d/(d−2)), T = rope["max_trained_positions"] or P."""
+    s, d = rope["factor"], HEAD_DIM
+    if READS[version]["dynamic"] == "scaled_table":
+        rows = int(max_position * s)
+        base = THETA * ((s * rows / max_position) - (s - 1)) ** (d / (d - 2))
+    else:
+        rows, trained = max_position, rope.get("max_trained_positions", max_position)
+        base = THETA * ((s * max_position / trained) - (s - 1)) ** (d / (d - 2))
+    return 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d), rows
+
+
+@pytest.mark.parametrize("version", READS)
+def test_config_refuses_dynamic_ntk_where_vllm_runs_something_else(version, tmp_path, capsys):
+    """What vLLM does with the rope_type "dynamic" config.json of ``yarnlib config --method
+    dynamic_ntk``, against transformers' own dynamic NTK at vLLM's length L·s (the engine's
+    max_model_len): up to 0.21 the same table; from 0.22 plain RoPE over L rows. config writes
+    the file only where vLLM runs it as transformers does at L·s, and says what vLLM runs."""
+    from tiny_models import hand_written_rope, tiny_config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from yarnlib import cli
+    from yarnlib.config import show
+
+    rope = {"rope_type": "dynamic", "rope_theta": THETA, "factor": FACTOR}
+    reference = tiny_config("llama", head_dim=HEAD_DIM, **hand_written_rope(rope))
+    assert reference.max_position_embeddings == L
+    transformers_at_engine_length, _ = ROPE_INIT_FUNCTIONS["dynamic"](
+        reference, None, seq_len=int(L * FACTOR)
+    )
+    inv_freq, rows = dynamic_table(version, rope, L)
+    same = rows >= L * FACTOR and torch.allclose(inv_freq, transformers_at_engine_length)
+    assert same == (version == "0.11.0")  # the facts themselves
+
+    tiny_config("llama", head_dim=HEAD_DIM).save_pretrained(tmp_path)
+    args = ["config", str(tmp_path), "--method", "dynamic", "--factor", "4", "--in-place"]
+    code = cli.main([*args, "--vllm-version", version])
+    err = capsys.readouterr().err
+    assert code == (0 if same else 2), err
+    if not same:
+        assert f"vLLM {version} runs rope_type 'dynamic' as plain RoPE" in err
+        assert f"table of {L} positions, but derives max_model_len={int(L * FACTOR)}" in err
+        return
+    written = json.loads((tmp_path / "config.json").read_text())
+    params = written.get("rope_parameters") or {**written["rope_scaling"], "rope_theta": THETA}
+    assert (params["rope_type"], written["max_position_embeddings"]) == ("dynamic", L)
+    problems = " ".join(show(tmp_path, version)["inconsistencies"])
+    assert f"vLLM {version} runs rope_type 'dynamic' as static NTK fixed at 1024" in problems
+    later = " ".join(show(tmp_path, "0.24.0")["inconsistencies"])
+    assert "vLLM 0.24.0 runs rope_type 'dynamic' as plain RoPE" in later
+
+
 # -- the installed vLLM itself ----------------------------------------------------------------
 
 
@@ -281,6 +342,71 @@ def test_installed_vllm_builds_the_spec(llama_dirs, name, partial):
     angles = positions * inv_freq
     expected = torch.cat((angles.cos() * factor, angles.sin() * factor), dim=-1)
     torch.testing.assert_close(rope.cos_sin_cache[: len(positions)], expected, rtol=0, atol=2e-6)
+
+
+def test_installed_vllm_runs_yarnlibs_dynamic_file_as_plain_rope_over_l_rows(tmp_path, capsys):
+    """vLLM itself on the rope_type "dynamic" config.json yarnlib writes for dynamic_ntk (with
+    --vllm-version 0.21.0): it derives max_model_len L·s, but get_rope's table holds L rows of
+    plain RoPE and position L is out of it. config refuses the method for this vLLM, and
+    --check reports the written file."""
+    pytest.importorskip("vllm")
+    from tiny_models import tiny_config
+    from vllm.config import DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    from yarnlib import cli
+    from yarnlib.vllm import versions
+
+    version = versions.installed()
+    if versions.parse(version) < (0, 22):
+        pytest.skip(f"vLLM {version} runs rope_type dynamic as NTK over L·s rows")
+    tiny_config("llama", head_dim=HEAD_DIM).save_pretrained(tmp_path)
+    args = ["config", str(tmp_path), "--method", "dynamic", "--factor", "4", "--in-place"]
+    assert cli.main(args) == 2
+    assert f"vLLM {version} runs rope_type 'dynamic' as plain RoPE" in capsys.readouterr().err
+    assert cli.main([*args, "--vllm-version", "0.21.0"]) == 0
+    config = ModelConfig(model=str(tmp_path), skip_tokenizer_init=True, dtype="float32")
+    assert config.max_model_len == L * FACTOR
+    hf = config.hf_config
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+        rope = get_rope(
+            HEAD_DIM, hf.max_position_embeddings, True, hf.rope_parameters, torch.float32
+        )
+    inv_freq = 1.0 / THETA ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.int64).float() / HEAD_DIM)
+    angles = torch.arange(L, dtype=torch.float32)[:, None] * inv_freq
+    plain = torch.cat((angles.cos(), angles.sin()), dim=-1)
+    torch.testing.assert_close(rope.cos_sin_cache, plain, rtol=0, atol=2e-6)  # all L rows
+    query = torch.zeros(1, HEAD_DIM)
+    with pytest.raises(IndexError):
+        rope.forward_native(torch.tensor([L]), query, query.clone())
+    capsys.readouterr()
+    assert cli.main(["config", str(tmp_path), "--check"]) == 1
+    assert f"table of {L} positions, but derives max_model_len=1024" in capsys.readouterr().out
+
+
+def test_show_reports_where_transformers_and_vllm_rotate_different_dims(llama_dirs):
+    """A Llama with partial_rotary_factor and default RoPE: transformers' own rotary embedding
+    rotates the whole head, vLLM's get_rope a part; config --show says so (and not when both
+    agree)."""
+    pytest.importorskip("vllm")
+    from transformers import AutoConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from vllm.config import DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    from yarnlib.config import show
+
+    for partial, path in llama_dirs.items():
+        hf_dims = 2 * LlamaRotaryEmbedding(AutoConfig.from_pretrained(path)).inv_freq.numel()
+        hf = ModelConfig(model=str(path), skip_tokenizer_init=True, dtype="float32").hf_config
+        with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+            rope = get_rope(
+                HEAD_DIM, hf.max_position_embeddings, True, hf.rope_parameters, torch.float32
+            )
+        assert (hf_dims, rope.rotary_dim) == (HEAD_DIM, int(HEAD_DIM * partial))
+        problems = " ".join(show(path)["inconsistencies"])
+        said = f"rotates {HEAD_DIM} dims of each head, vLLM {rope.rotary_dim} "
+        assert (said in problems) == (partial != 1), problems
 
 
 def test_easyr1_refuses_attention_knobs_its_vllm_cannot_read(tmp_path):

@@ -8,7 +8,10 @@ lanes of ``make test`` and ``make test-compat`` (docs/compatibility.md).
 from __future__ import annotations
 
 import functools
+import importlib
 import warnings
+from collections.abc import Mapping
+from typing import Any
 
 import transformers
 from packaging.specifiers import SpecifierSet
@@ -43,3 +46,19 @@ def warn_if_untested() -> None:
             "functions, but loading, saving and training are untested on it",
             stacklevel=3,
         )
+
+
+def rotated_dims(config: Mapping[str, Any]) -> int | None:
+    """How many dims of each head the installed transformers rotates for a config.json dict:
+    the model's own rotary embedding built from it (None where transformers has no single
+    rotary class for the model type, or cannot build it). Llama-family default RoPE rotates
+    the whole head whatever ``partial_rotary_factor`` says; their scaled types honour it."""
+    model_type = config.get("model_type")
+    try:
+        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+        (name,) = [n for n in dir(module) if n.endswith("RotaryEmbedding")]
+        fields = {k: v for k, v in config.items() if k != "model_type"}
+        rotary = getattr(module, name)(transformers.AutoConfig.for_model(model_type, **fields))
+    except (ImportError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return 2 * rotary.inv_freq.numel()

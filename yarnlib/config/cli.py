@@ -11,6 +11,7 @@ from yarnlib import atomic
 from yarnlib.config import files
 from yarnlib.spec import METHODS, YARN_KNOB_DEFAULTS
 from yarnlib.spec_file import spec_on_model
+from yarnlib.vllm import versions
 
 KNOBS = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor")
 
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.show or args.check or not changing:
         if changing:
             raise ValueError("--show/--check only report; drop them to change the files")
-        report = files.show(args.model_dir)
+        report = files.show(args.model_dir, args.vllm_version)
         print(json.dumps(report, indent=2) if args.json else format_report(report))
         return 1 if args.check and report["inconsistencies"] else 0
     if args.reset and (requested or args.spec):
@@ -110,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         spec = files.target_spec(args.model_dir, **requested)
     elif not args.reset:  # --format alone: the settings the folder runs now, in that format
         spec = files.current_spec(args.model_dir)
+    if spec is not None:  # what the rollout's vLLM reads from the file must be what runs
+        versions.check_config_file(spec, versions.target(args.vllm_version))
     changes = files.plan(args.model_dir, spec, reset=args.reset, format=args.format)
     if args.dry_run:
         sys.stdout.write(files.diff(changes) or "no changes\n")
@@ -124,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         print(f"wrote {args.output} (weights: {args.weights})")
     print("\n".join(f"wrote {p}" for p in written) or "no changes: the files already say this")
-    print(format_report(files.show(args.output or args.model_dir)))
+    print(format_report(files.show(args.output or args.model_dir, args.vllm_version)))
     return 0
 
 
@@ -162,6 +165,12 @@ def register(subparsers) -> None:
         "(v4 for a file without rope settings)",
     )
     rope.add_argument("--reset", action="store_true", help="restore the native settings")
+    parser.add_argument(
+        "--vllm-version",
+        help="the vLLM that will read the folder (default: the installed one, else the newest "
+        "version read): what the report says vLLM runs; a method it would run otherwise "
+        "than transformers is refused",
+    )
     write = parser.add_argument_group("writing")
     write.add_argument("--dry-run", action="store_true", help="print a unified diff only")
     write.add_argument("--in-place", action="store_true", help="rewrite MODEL_DIR (keeps .bak)")

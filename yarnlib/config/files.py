@@ -39,8 +39,9 @@ from yarnlib.convert import (
     rotary_dim_of,
     to_hf,
 )
-from yarnlib.hf_compat import hf_format, transformers_version
+from yarnlib.hf_compat import hf_format, rotated_dims, transformers_version
 from yarnlib.spec import RopeScaling, canonical_method
+from yarnlib.vllm import versions
 
 CONFIG, TOKENIZER, GENERATION = "config.json", "tokenizer_config.json", "generation_config.json"
 FILES = (CONFIG, TOKENIZER, GENERATION)
@@ -474,8 +475,10 @@ def _flat(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items())
 
 
-def show(model_dir: str | Path) -> dict[str, Any]:
-    """The RoPE settings transformers and vLLM read from the folder, and what disagrees."""
+def show(model_dir: str | Path, vllm_version: str | None = None) -> dict[str, Any]:
+    """The RoPE settings transformers and vLLM read from the folder, and what disagrees
+    (vLLM: ``vllm_version``, default the installed one, else the newest read)."""
+    vllm_version = versions.target(vllm_version)
     texts = read_files(model_dir)
     config = json.loads(texts[CONFIG])
     params = rope_parameters_of(config)
@@ -508,6 +511,16 @@ def show(model_dir: str | Path) -> dict[str, Any]:
             "was lost (older yarnlib versions dropped it from rope_parameters); restore the "
             ".bak files and rewrite"
         )
+    hf_dims = rotated_dims(config)
+    if spec is not None and hf_dims not in (None, spec.rotary_dim):
+        why = ""
+        if params["rope_type"] == "default":
+            why = " (transformers' default RoPE for this model ignores partial_rotary_factor)"
+        problems.append(
+            f"transformers {transformers_version()} rotates {hf_dims} dims of each head, vLLM "
+            f"{spec.rotary_dim} (head_dim × partial_rotary_factor, as yarnlib reads it): they run "
+            f"different RoPE{why}"
+        )
     blocks = _disagreeing_blocks(config)
     if blocks:
         problems.append(blocks)
@@ -531,11 +544,11 @@ def show(model_dir: str | Path) -> dict[str, Any]:
         extended = spec.max_position_embeddings or config.get("max_position_embeddings")
     max_model_len = vllm_max_model_len(config)
     rope_type = params["rope_type"]
-    if rope_type == "dynamic":
-        problems.append(
-            f"vLLM runs rope_type 'dynamic' as static NTK scaled for max_model_len="
-            f"{max_model_len}, transformers rescales per sequence length: they differ"
+    if rope_type == "dynamic" and isinstance(params.get("factor"), (int, float)):
+        what = versions.describe_dynamic(
+            params, config.get("max_position_embeddings") or max_model_len, vllm_version
         )
+        problems.append(f"{what}; transformers rescales per sequence length: they differ")
     elif rope_type == HF_DYNAMIC_YARN:
         problems.append(
             f"rope_type {rope_type!r} loads in transformers only after `import yarnlib`, and "
@@ -571,7 +584,11 @@ def show(model_dir: str | Path) -> dict[str, Any]:
             "max_position_embeddings": config.get("max_position_embeddings"),
             "attention_factor": None if spec is None else spec.attention_factor(),
         },
-        "vllm": {"rope_parameters": params, "max_model_len": max_model_len},
+        "vllm": {
+            "version": vllm_version,
+            "rope_parameters": params,
+            "max_model_len": max_model_len,
+        },
         "native_context": native,
         "extended_context": extended,
         "tokenizer_model_max_length": model_max_length,

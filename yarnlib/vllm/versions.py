@@ -28,6 +28,10 @@ ROPE_DIM_SINCE = (0, 24)  # rope_dim read from the rope dict
 ATTENTION_FACTOR_SINCE = (0, 32)  # yarn reads attention_factor/mscale (earlier: attn_factor)
 TRANSFORMERS_5_SINCE = (0, 24)  # needs transformers 5: rope_scaling is rope_parameters there
 PLUGIN_SINCE = (0, 14)  # get_rope(head_size, max_position, is_neox_style, rope_parameters, dtype)
+# rope_type "dynamic" (factor s, get_rope's max_position P = config max_position_embeddings):
+# up to 0.21 NTK with base factor s·s − (s−1) and a table of P·s rows; from 0.22 base factor
+# s·P/T − (s−1) with T = the dict's max_trained_positions (default P, so 1) and P rows.
+DYNAMIC_TRAINED_SINCE = (0, 22)
 FRAMEWORK_VERSIONS = {"verl": "0.24.0", "EasyR1": "0.11.0"}  # verl 0.9.1's pin; EasyR1's image
 
 
@@ -103,6 +107,53 @@ def check_supported(spec: RopeScaling, version: str) -> None:
             f"truncate=False: vLLM {version} always rounds the YaRN correction range (it has no "
             "truncate key before 0.12); use truncate=True or vLLM >= 0.12"
         )
+
+
+def native_dynamic(
+    rope_parameters: dict[str, Any], max_position: int, version: str
+) -> tuple[float, int]:
+    """What vLLM ``version`` builds for rope_type ``dynamic``: the NTK base multiplier (before
+    the exponent d/(d−2)) and the rows of its cos/sin table; vLLM derives max_model_len
+    max_position × factor for it in every version read."""
+    factor = rope_parameters["factor"]
+    if parse(version) < DYNAMIC_TRAINED_SINCE:
+        return factor * factor - (factor - 1), int(max_position * factor)
+    trained = rope_parameters.get("max_trained_positions", max_position)
+    return factor * max_position / trained - (factor - 1), max_position
+
+
+def describe_dynamic(rope_parameters: dict[str, Any], max_position: int, version: str) -> str:
+    """A sentence on what vLLM ``version`` runs for rope_type ``dynamic`` (see native_dynamic)."""
+    multiplier, rows = native_dynamic(rope_parameters, max_position, version)
+    length = int(max_position * rope_parameters["factor"])
+    if rows >= length:
+        return (
+            f"vLLM {version} runs rope_type 'dynamic' as static NTK fixed at {rows} tokens "
+            f"(max_position_embeddings × factor, base × {multiplier:g}^(d/(d−2)))"
+        )
+    plain = "plain RoPE (its NTK base multiplier is 1)"
+    if multiplier != 1:
+        plain = f"NTK with base × {multiplier:g}^(d/(d−2))"
+    return (
+        f"vLLM {version} runs rope_type 'dynamic' as {plain} with a cos/sin table of {rows} "
+        f"positions, but derives max_model_len={length}: positions from {rows} on index past the "
+        "table (IndexError on CPU, out-of-bounds reads on GPU)"
+    )
+
+
+def check_config_file(spec: RopeScaling, version: str) -> None:
+    """Refuse ``spec`` in a config.json that vLLM ``version`` would run otherwise than
+    transformers: ``dynamic_ntk`` (rope_type ``dynamic``, max_position_embeddings L) from 0.22,
+    where it is no NTK and its table stops at L (see native_dynamic)."""
+    if spec.method != "dynamic_ntk" or parse(version) < DYNAMIC_TRAINED_SINCE:
+        return
+    what = describe_dynamic({"factor": spec.factor}, spec.original_max_position_embeddings, version)
+    raise ValueError(
+        f"method 'dynamic_ntk': config.json would say rope_type 'dynamic', and {what}; write a "
+        "static method (ntk, yarn), or keep config.json and serve dynamic_ntk with the flags of "
+        "`yarnlib vllm-args MODEL_DIR --method dynamic_ntk` (yarnlib's plugin); --vllm-version "
+        "names the rollout's vLLM (default: the installed one, else the newest read)"
+    )
 
 
 def rotary_keys(rotary_dim: int, head_dim: int | None, version: str) -> dict[str, Any]:
