@@ -35,23 +35,24 @@ def rows(smollm2_path: str | None) -> list[dict]:
         for checkpointing in (False, True)
         for chunk in (0, 1024)
     ]
-    tiny += [(4096, "fp32", False, 0), (4096, "bf16", True, 1024)]
-    for tokens, precision, checkpointing, chunk in tiny:
-        row = dict(name="tiny", model=TINY, tokens=tokens, precision=precision)
-        out.append(dict(row, checkpointing=checkpointing, chunk=chunk, attn="sdpa"))
+    tiny_long = [(4096, "fp32", False, 0), (4096, "bf16", True, 1024)]
     # SmolLM2-135M: cheapest first; without checkpointing only at 2k (5.7 GB at 4k in fp32)
     smol = [
-        (2048, "fp32", False, 1024),
-        (2048, "bf16", False, 0),
         (2048, "bf16", True, 1024),
+        (2048, "bf16", False, 0),
+        (2048, "fp32", False, 1024),
         (4096, "bf16", True, 0),
-        (4096, "fp32", True, 1024),
         (8192, "bf16", True, 1024),
+        (4096, "fp32", True, 1024),
         (16384, "bf16", True, 1024),
     ]
-    for tokens, precision, checkpointing, chunk in smol:
-        row = dict(name="smollm2", path=smollm2_path, tokens=tokens, precision=precision)
-        out.append(dict(row, checkpointing=checkpointing, chunk=chunk, attn="sdpa"))
+    # the cheap rows of each model before the long ones
+    groups = (("tiny", tiny), ("smollm2", smol[:3]), ("tiny", tiny_long), ("smollm2", smol[3:]))
+    for name, settings in groups:
+        for tokens, precision, checkpointing, chunk in settings:
+            row = dict(name=name, tokens=tokens, precision=precision, attn="sdpa")
+            where = {"model": TINY} if name == "tiny" else {"path": smollm2_path}
+            out.append(dict(row, **where, checkpointing=checkpointing, chunk=chunk))
     return out
 
 

@@ -190,9 +190,9 @@ def test_activation_formulas_by_hand():
     extras = (4 + 2) * h + 4 + 2 * 128 * 2 + 8
     assert acts.saved == 28 * h * 2 * tokens + extras * tokens
     assert acts.recompute == per_token * tokens
-    assert acts.head == (12 + 2) * 1024 * 152064
+    assert acts.head == 12 * 1024 * 152064  # float32 log-softmax, its grad, the logits' grad
     full = memory.activations(shape, tokens, p, checkpointing=False)
-    assert full.head == 14 * tokens * 152064 and full.recompute == 0
+    assert full.head == 12 * tokens * 152064 and full.recompute == 0
     # eager keeps [heads × T] float32 softmax per token (and no bf16 cast of it in fp32)
     # a log-prob forward: gate, up and their product in bf16 beside two float32 residual grads
     # worth of hidden states, or the bf16 logits and float32 log-softmax of the chunk

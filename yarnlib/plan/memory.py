@@ -141,10 +141,10 @@ def activations(
 
 
 def logits_bytes(shape: ModelShape, rows: int, p: Precision) -> int:
-    """Peak of the loss head over ``rows`` positions: the float32 log-softmax kept for
-    backward, the incoming grad and the grad of the logits (plus its bf16 cast)."""
-    cast = p.compute if p.compute < 4 else 0
-    return (12 + cast) * rows * shape.vocab_size
+    """Peak of the loss head over ``rows`` positions, in its backward: the float32
+    log-softmax kept for it, the incoming grad and the grad of the logits (the bf16 logits and
+    their float32 copy are gone by then: cross-entropy keeps only its output)."""
+    return 12 * rows * shape.vocab_size
 
 
 def activation_peak(acts: Activations) -> int:
