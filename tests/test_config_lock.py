@@ -39,8 +39,8 @@ def test_two_processes_racing_on_one_folder(model_dir):
         ended = {f: (p.wait(timeout=300), p.stderr.read()) for f, p in racers.items()}
         for factor, (code, err) in ended.items():
             assert code in (0, 2) and "Traceback" not in err, (factor, code, err)
-            if code == 2:
-                assert err.count("\n") == 1 and "is busy" in err, err
+            if code == 2:  # the last line (an import may warn before it)
+                assert "is busy" in err.strip().splitlines()[-1], err
         done = [float(f) for f, (code, _) in ended.items() if code == 0]
         assert done, ended  # the lock never stops both
         report = show(model_dir)
