@@ -73,7 +73,7 @@ SMOKE = {
     "native_lengths": "256",
     "samples": 1,
     "passkey_lengths": "1024",
-    "trials": 2,
+    "trials": 3,  # one per depth bin
 }
 
 
