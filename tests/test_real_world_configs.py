@@ -196,6 +196,24 @@ def test_top_level_original_length_is_read_where_each_reader_reads_it(llama, cap
     assert {k: v for k, v in files(llama).items() if not k.endswith(".bak")} == before
 
 
+def test_reset_restores_what_an_older_yarnlib_wrote_beside_a_top_level_length(llama):
+    """Older yarnlib wrote yarn with L = max_position_embeddings into the rope dict and left a
+    top-level original_max_position_embeddings as it was; --reset must still restore."""
+
+    def with_top_level(text: str) -> str:  # the key first, as a vendor's file may have it
+        return text.replace("{\n", '{\n  "original_max_position_embeddings": 128,\n', 1)
+
+    native = (llama / "config.json").read_text()
+    assert main(["config", str(llama), "--factor", "4", "--in-place"]) == 0  # no top-level key
+    written = (llama / "config.json").read_text()
+    (llama / "config.json").write_text(with_top_level(written))  # as the older write left it
+    assert "the readers take different original contexts" in " ".join(
+        show(llama)["inconsistencies"]
+    )
+    assert main(["config", str(llama), "--reset", "--in-place"]) == 0
+    assert (llama / "config.json").read_text() == with_top_level(native)
+
+
 VLLM_PROBE = """
 import json, sys
 from vllm.config import ModelConfig

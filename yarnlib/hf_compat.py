@@ -7,6 +7,7 @@ lanes of ``make test`` and ``make test-compat`` (docs/compatibility.md).
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import warnings
@@ -57,7 +58,9 @@ def rotated_dims(config: Mapping[str, Any]) -> int | None:
     try:
         module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
         (name,) = [n for n in dir(module) if n.endswith("RotaryEmbedding")]
-        fields = {k: v for k, v in config.items() if k != "model_type"}
+        # a deep copy: transformers standardises the rope dict in place (a top-level
+        # original_max_position_embeddings goes into it), which must not change the caller's
+        fields = copy.deepcopy({k: v for k, v in config.items() if k != "model_type"})
         rotary = getattr(module, name)(transformers.AutoConfig.for_model(model_type, **fields))
     except (ImportError, ValueError, KeyError, TypeError, AttributeError):
         return None

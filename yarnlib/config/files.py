@@ -145,8 +145,9 @@ def native_files(texts: dict[str, str]) -> dict[str, str]:
         # Undoing and redoing must give the file as it is: otherwise someone edited the keys
         # yarnlib wrote, and restoring the record would throw their edit away.
         spec = from_hf(config)
+        current = {k: v for k, v in config.items() if k != RECORD}
         redone = _scale(native, spec, file_format(config), record=False)[CONFIG]
-        if json.loads(redone) != {k: v for k, v in config.items() if k != RECORD}:
+        if json.loads(redone) != current and not _written_unsynced(native, config, current):
             raise ValueError(
                 f"{CONFIG}: the RoPE keys were edited after yarnlib wrote them, so the record in "
                 f"{RECORD!r} no longer applies; delete the keys {RECORD!r} and {MARKER!r} to take "
@@ -171,6 +172,17 @@ def native_files(texts: dict[str, str]) -> dict[str, str]:
         native[CONFIG] = doc.text
         return native
     return dict(texts)
+
+
+def _written_unsynced(native: dict[str, str], config: dict[str, Any], current: dict) -> bool:
+    """Whether an older yarnlib wrote the file: it left a top-level original_max_position_embeddings
+    as it was (so transformers 5 ran another L than the one it recorded); redoing its write, with
+    the spec it recorded, gives the file as it is, and reset restores the native files."""
+    marked = marked_spec(config, from_hf(config).rotary_dim)
+    if marked is None or "original_max_position_embeddings" not in config:
+        return False
+    old = _scale(native, marked, file_format(config), record=False, sync_original=False)
+    return json.loads(old[CONFIG]) == current
 
 
 # -- planning -----------------------------------------------------------------------------------
@@ -222,7 +234,11 @@ def _length_value(current: Any, new: int) -> Any:
 
 
 def _scale(
-    native: dict[str, str], spec: RopeScaling, format: str, record: bool = True
+    native: dict[str, str],
+    spec: RopeScaling,
+    format: str,
+    record: bool = True,
+    sync_original: bool = True,
 ) -> dict[str, str]:
     """The files that run ``spec``, edited from the native files."""
     config = json.loads(native[CONFIG])
@@ -248,7 +264,12 @@ def _scale(
         doc.set("partial_rotary_factor", partial)
     # transformers 5 and vLLM read a top-level L before the rope dict's: both say the spec's L
     top = config.get("original_max_position_embeddings")
-    if top is not None and spec.method != "none" and spec.original_max_position_embeddings:
+    if (
+        sync_original
+        and top is not None
+        and spec.method != "none"
+        and spec.original_max_position_embeddings
+    ):
         doc.set(
             "original_max_position_embeddings",
             _length_value(top, spec.original_max_position_embeddings),
