@@ -155,6 +155,11 @@ def _saved_bytes(model, tokens: int, bf16: bool) -> int:
         ("qwen2", "sdpa", "bf16", False),
         ("qwen3", "sdpa", "fp32", False),
         ("qwen3", "sdpa", "bf16", False),
+        # FSDP's mixed precision: the layers run on bf16 weights, without autocast
+        ("llama", "sdpa", "bf16-fsdp", False),
+        ("qwen2", "eager", "bf16-fsdp", False),
+        ("qwen3", "sdpa", "bf16-fsdp", False),
+        ("qwen3", "sdpa", "bf16-fsdp", True),
     ],
 )
 def test_activation_bytes_equal_what_autograd_saves(arch, attn, precision, checkpointing):
@@ -165,6 +170,8 @@ def test_activation_bytes_equal_what_autograd_saves(arch, attn, precision, check
     yarnlib.patch(model, factor=4.0, use_kernel=False)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if precision == "bf16-fsdp":
+        model.to(torch.bfloat16)
     model.train()
     tokens = 256
     measured = _saved_bytes(model, tokens, precision == "bf16")
@@ -173,7 +180,8 @@ def test_activation_bytes_equal_what_autograd_saves(arch, attn, precision, check
     acts = memory.activations(shape, tokens, p, checkpointing=checkpointing, attn=attn)
     # with checkpointing, cos and sin stay alive as arguments of the recompute, not as saved
     # tensors: the plan counts them either way
-    kept = 2 * 4 * shape.head_dim * tokens if checkpointing else 0
+    width = 2 if precision == "bf16-fsdp" else 4  # cos and sin in the dtype of the layers' input
+    kept = 2 * width * shape.head_dim * tokens if checkpointing else 0
     assert acts.saved == measured + kept
 
 
