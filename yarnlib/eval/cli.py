@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from yarnlib.documents import DEFAULT_DATASET, load_documents, select_samples
 from yarnlib.eval.methods import Method, check_methods, parse_methods
-from yarnlib.eval.store import CELLS, CellStore, write_csv
+from yarnlib.eval.store import CELLS, CellStore, content_id, write_csv
 from yarnlib.models import load_config, load_model, resolve
 from yarnlib.spec import METHODS
 from yarnlib.spec_file import spec_on_model
@@ -83,6 +83,18 @@ def settings(args, *fields) -> dict:
     return {"model": args.model, "dtype": args.dtype, **given}
 
 
+def warn_fewer_samples(requested: int, used: dict[int, int]) -> None:
+    """Say where fewer documents than ``--samples`` were long enough (the table shows it too)."""
+    short = {n: k for n, k in used.items() if k < requested}
+    if short:
+        where = ", ".join(f"{k} at {n} tokens" for n, k in short.items())
+        print(
+            f"warning: samples: {requested} requested, but too few documents are that long: "
+            f"{where}; those numbers average fewer samples",
+            file=sys.stderr,
+        )
+
+
 def row_settings(methods) -> dict[str, dict]:
     """Each spec row's exact spec: an edited spec file recomputes that row only."""
     return {m.label: m.spec.fields() for m in methods if m.spec is not None}
@@ -138,11 +150,13 @@ def run_perplexity_cli(args) -> int:
     docs = load_documents(args.dataset, args.text_column, args.split, args.dataset_config)
     tokens = [torch.tensor(tokenizer(text)["input_ids"]) for _, text in docs]
     chosen, skipped = select_samples([len(t) for t in tokens], lengths, args.samples)
+    warn_fewer_samples(args.samples, {n: len(c) for n, c in chosen.items()})
     fields = ("dataset", "text_column", "split", "samples", "window", "stride")
+    # cells are keyed on the tokens: a file changed at the same path is measured again
+    keyed = {**settings(args, *fields), "tokens": content_id(tokens)}
     store = CellStore(
-        args.output, ("method", "length"), settings(args, *fields), args.resume,
-        row_settings=row_settings(methods),
-    )  # fmt: skip
+        args.output, ("method", "length"), keyed, args.resume, row_settings=row_settings(methods)
+    )
     computed = []
     if not store.complete(methods, lengths):
         model, _ = load_model(args.model, DTYPES[args.dtype])
@@ -154,7 +168,7 @@ def run_perplexity_cli(args) -> int:
     records = list(store.done.values())
     names = {n: [docs[d][0] for d in chosen[n]] for n in lengths}
     finish(store, "perplexity", computed, len(methods) * len(lengths), {"documents": names})
-    print(table(records))
+    print(table(records, count="samples"))
     if records:
         draw(plot_perplexity, records, original, Path(args.output) / "perplexity.png", args.model)
     return 0

@@ -3,6 +3,7 @@ length on calibration text."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -11,9 +12,9 @@ import torch
 from transformers import AutoTokenizer
 
 from yarnlib.documents import load_documents
-from yarnlib.eval.cli import DTYPES, positive
+from yarnlib.eval.cli import DTYPES, positive, warn_fewer_samples
 from yarnlib.eval.methods import Method, check_methods
-from yarnlib.eval.store import CellStore
+from yarnlib.eval.store import CellStore, content_id
 from yarnlib.models import load_config, load_model, resolve
 from yarnlib.spec_file import write_json, write_spec_file
 from yarnlib.tune.needle import check_needles, needle_objective, needle_windows
@@ -41,7 +42,23 @@ def samples_of(field: str, sources, tokenizer, text_column: str, length: int, co
             f"{field}: no document has the target length of {length} tokens; allowed: documents "
             "at least that long"
         )
+    warn_fewer_samples(count, {length: len(samples)})
     return samples
+
+
+def check_same_target(best: Path, target_length: int) -> None:
+    """A folder's search is for one target length: another would start over and replace its
+    best.json, so it is refused."""
+    try:
+        found = json.loads(best.read_text()).get("target_length")
+    except (OSError, ValueError, AttributeError):  # no best.json yet (or not ours): nothing to keep
+        return
+    if found is not None and found != target_length:
+        raise ValueError(
+            f"target_length: {best.parent} holds a search for {found} tokens ({best.name}), this "
+            f"run asks for {target_length}; allowed: --target-length {found} to continue it, or "
+            "another --output"
+        )
 
 
 def check_proxy(proxy_length: int | None, original: int, target_length: int) -> None:
@@ -107,7 +124,9 @@ def run(args) -> int:
         raise ValueError(f"space: {args.space!r}; allowed: {', '.join(SPACES)}, both")
     config = load_config(args.model)
     native = check_methods(config, [])
-    original = args.original_max_position_embeddings or native.original_max_position_embeddings
+    original = args.original_max_position_embeddings  # 0 is an error, not "from the config"
+    if original is None:
+        original = native.original_max_position_embeddings
     positive("original_max_position_embeddings", original)
     if args.target_length <= original:
         raise ValueError(
@@ -118,6 +137,7 @@ def run(args) -> int:
     check_objective(args)
     check_methods(config, [Method("yarn", args.target_length / original)])
     output = Path(args.output)
+    check_same_target(output / BEST, args.target_length)
     settings = {
         "model": args.model,
         "dtype": args.dtype,
@@ -128,12 +148,14 @@ def run(args) -> int:
         "samples": args.samples,
     }
     settings.update(objective_settings(args))
-    store = CellStore(output, ("key",), settings, resume=True, filename=TRIALS, required=READ_BACK)
     tokenizer = AutoTokenizer.from_pretrained(resolve(args.model))
     length = args.target_length
     calibration = samples_of(
         "dataset", args.dataset, tokenizer, args.text_column, length, args.samples
     )
+    # trials are keyed on the calibration tokens: an edited file is searched again, not reused
+    settings["calibration"] = content_id(calibration)
+    store = CellStore(output, ("key",), settings, resume=True, filename=TRIALS, required=READ_BACK)
     held_out = None
     if args.held_out:
         held_out = samples_of(
