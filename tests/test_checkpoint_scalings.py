@@ -85,6 +85,9 @@ def test_longrope_without_an_original_length_takes_max_position_embeddings(rope)
     the rope dict nor at the top level): transformers takes max_position_embeddings as L."""
     from tiny_models import hand_written_rope, tiny_config
 
+    if not rope and hf_format() == "v4":
+        pytest.skip("transformers 4's longrope needs a factor here (it compares None <= 1.0)")
+
     params = {k: v for k, v in ROPES["longrope"].items() if k != "original_max_position_embeddings"}
     keys = {"max_position_embeddings": CONTEXT, **hand_written_rope({**params, **rope})}
     spec = RopeScaling.from_hf({"model_type": "llama", "head_dim": HEAD_DIM, **keys})
