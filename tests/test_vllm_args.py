@@ -58,7 +58,7 @@ def test_kwargs_carry_theta_and_limits(method):
         "max_model_len": ORIGINAL if method == "none" else 4 * ORIGINAL,
     }
     if not method.startswith("dynamic"):  # the plain conversion says the same
-        assert kwargs == convert.to_vllm(spec(method))
+        assert kwargs == spec(method).to_vllm()
 
 
 def test_dynamic_yarn_keeps_knobs_and_config_type():

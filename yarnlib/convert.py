@@ -18,7 +18,6 @@ from yarnlib.spec import (
     FIELDS,
     KNOB_DEFAULTS,
     RAMP_METHODS,
-    STATIC_METHODS,
     YARN_KNOB_DEFAULTS,
     YARN_METHODS,
     RopeScaling,
@@ -147,41 +146,6 @@ def to_hf(spec: RopeScaling, format: str = "v4") -> dict[str, Any]:
     if spec.method != "none" and not spec.is_checkpoint_scaling:  # else nothing to undo
         out[MARKER] = marker(spec)
     return out
-
-
-def to_vllm(
-    spec: RopeScaling, head_dim: int | None = None, vllm_version: str | None = None
-) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments that run ``spec`` with vLLM's own rotary embeddings
-    (``yarnlib.vllm.llm_kwargs``: ``head_dim`` and ``vllm_version`` are explained there)."""
-    if spec.is_dynamic:
-        raise ValueError(
-            f"method {spec.method!r} has no native vLLM equivalent (vLLM's 'dynamic' rope is "
-            "no substitute: up to 0.21 it fixes the NTK scale at max_position_embeddings × factor, "
-            "from 0.22 it runs plain RoPE over max_position_embeddings rows); natively vLLM runs: "
-            f"{', '.join(STATIC_METHODS)}; for this one use yarnlib.vllm.llm_kwargs (yarnlib's "
-            "plugin)"
-        )
-    from yarnlib.vllm.kwargs import llm_kwargs
-
-    return llm_kwargs(spec, head_dim=head_dim, vllm_version=vllm_version)
-
-
-def vllm_kwargs(spec: RopeScaling, rope_parameters: dict[str, Any]) -> dict[str, Any]:
-    """``hf_overrides`` and ``max_model_len`` running ``rope_parameters`` for ``spec``."""
-    # A dict-valued override replaces vLLM's whole rope_parameters: without rope_theta
-    # inside it, theta silently falls back to 10000.
-    overrides: dict[str, Any] = {
-        "rope_parameters": rope_parameters,
-        "rope_theta": rope_parameters["rope_theta"],
-    }
-    kwargs: dict[str, Any] = {"hf_overrides": overrides}
-    if spec.max_position_embeddings is not None:
-        # The key as config.json has it (vLLM multiplies it by factor for linear and for
-        # types it does not know, and does not for yarn), and the extended length outright.
-        overrides["max_position_embeddings"] = config_max_position_embeddings(spec)
-        kwargs["max_model_len"] = spec.max_position_embeddings
-    return kwargs
 
 
 # -- reading ---------------------------------------------------------------------------------

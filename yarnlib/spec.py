@@ -420,7 +420,7 @@ class RopeScaling:
         ]
         return " ".join(parts)
 
-    # -- conversions (implemented in yarnlib.convert) ---------------------------------------
+    # -- conversions (yarnlib.convert; vLLM's in yarnlib.vllm.kwargs) ----------------------------
 
     def to_hf(self, format: str = "v4") -> dict[str, Any]:
         from yarnlib import convert
@@ -434,9 +434,9 @@ class RopeScaling:
         return convert.from_hf(config, rotary_dim=rotary_dim)
 
     def to_vllm(self, head_dim: int | None = None, vllm_version: str | None = None):
-        from yarnlib import convert
+        from yarnlib.vllm.kwargs import to_vllm  # vLLM's readers live in yarnlib.vllm
 
-        return convert.to_vllm(self, head_dim, vllm_version)
+        return to_vllm(self, head_dim, vllm_version)
 
 
 def _check_applied_longrope(knobs: dict[str, Any]) -> None:

@@ -1,7 +1,9 @@
 """``vllm.LLM`` keyword arguments and ``vllm serve`` flags that run a ``RopeScaling``.
 
-Native methods go through ``convert.to_vllm``; the dynamic ones are written under a
-yarnlib rope type that only the yarnlib vLLM plugin understands (see ``plugin.py``).
+What vLLM reads lives here (and in ``versions``); ``RopeScaling.to_vllm`` calls ``to_vllm``.
+Static methods are written as config.json has them (``convert.native_rope_parameters``); the
+dynamic ones under a yarnlib rope type that only the yarnlib vLLM plugin understands
+(see ``plugin.py``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import shlex
 from typing import Any
 
 from yarnlib import convert
-from yarnlib.spec import RopeScaling
+from yarnlib.spec import STATIC_METHODS, RopeScaling
 from yarnlib.vllm import versions
 
 # rope_type of each method vLLM runs through the plugin. dynamic_yarn keeps the type it has
@@ -33,6 +35,39 @@ def plugin_rope_parameters(spec: RopeScaling, fixed_scale_length: int) -> dict[s
     }
     params.update(spec.knobs())
     return params
+
+
+def to_vllm(
+    spec: RopeScaling, head_dim: int | None = None, vllm_version: str | None = None
+) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments that run ``spec`` with vLLM's own rotary embeddings
+    (``llm_kwargs``: ``head_dim`` and ``vllm_version`` are explained there)."""
+    if spec.is_dynamic:
+        raise ValueError(
+            f"method {spec.method!r} has no native vLLM equivalent (vLLM's 'dynamic' rope is "
+            "no substitute: up to 0.21 it fixes the NTK scale at max_position_embeddings × factor, "
+            "from 0.22 it runs plain RoPE over max_position_embeddings rows); natively vLLM runs: "
+            f"{', '.join(STATIC_METHODS)}; for this one use yarnlib.vllm.llm_kwargs (yarnlib's "
+            "plugin)"
+        )
+    return llm_kwargs(spec, head_dim=head_dim, vllm_version=vllm_version)
+
+
+def engine_kwargs(spec: RopeScaling, rope_parameters: dict[str, Any]) -> dict[str, Any]:
+    """``hf_overrides`` and ``max_model_len`` running ``rope_parameters`` for ``spec``."""
+    # A dict-valued override replaces vLLM's whole rope_parameters: without rope_theta
+    # inside it, theta silently falls back to 10000.
+    overrides: dict[str, Any] = {
+        "rope_parameters": rope_parameters,
+        "rope_theta": rope_parameters["rope_theta"],
+    }
+    kwargs: dict[str, Any] = {"hf_overrides": overrides}
+    if spec.max_position_embeddings is not None:
+        # The key as config.json has it (vLLM multiplies it by factor for linear and for
+        # types it does not know, and does not for yarn), and the extended length outright.
+        overrides["max_position_embeddings"] = convert.config_max_position_embeddings(spec)
+        kwargs["max_model_len"] = spec.max_position_embeddings
+    return kwargs
 
 
 def llm_kwargs(
@@ -69,7 +104,7 @@ def llm_kwargs(
     params.update(versions.longrope_keys(spec))
     rotary = versions.rotary_keys(spec.rotary_dim, head_dim, version)
     params.update(rotary)
-    kwargs = convert.vllm_kwargs(spec, params)
+    kwargs = engine_kwargs(spec, params)
     overrides = kwargs["hf_overrides"]
     if versions.parse(version) < versions.TRANSFORMERS_5_SINCE:
         overrides["rope_scaling"] = dict(params)  # see versions: read under transformers 4
