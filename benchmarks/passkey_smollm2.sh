@@ -1,7 +1,9 @@
 #!/bin/bash
 # Issue 29: SmolLM2-135M passkey at 32k/24k/16k with independent prompts (30 per length, each
 # with its own stretch of the packaged plays, depth and key; Wilson 95 % intervals), yarn:4
-# against the tuned specs, in bfloat16 (angles stay float32). Resumable: rerun this script and
+# against the tuned specs, in DTYPE (default float32: bfloat16 is fast only on CPUs with AMX or
+# avx512_bf16; on an AVX2-only CPU a bfloat16 matmul measured 45x slower than float32; angles
+# stay float32 either way). Resumable: rerun this script and
 # finished prompts are taken from OUT (cells.jsonl, passkey_trials.jsonl). One prompt per
 # invocation (--max-trials 1: the depth bin with the fewest finished prompts first), the rows
 # taking turns, so that a run cut short compares the rows evenly at the longest length first.
@@ -13,6 +15,7 @@ OUT=${OUT:-$R/passkey-independent}
 ROWS=${ROWS:-"yarn:4 $R/tuned-yarn.json $R/checks/per-dim-floor.json"}
 LENGTHS=${LENGTHS:-"32768 24576 16384"}
 TRIALS=${TRIALS:-30}
+DTYPE=${DTYPE:-float32}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1
 for length in $LENGTHS; do
@@ -20,7 +23,7 @@ for length in $LENGTHS; do
         for row in $ROWS; do
             if [[ $row == *.json ]]; then what=(--methods "" --spec "$row"); else what=(--methods "$row"); fi
             .venv/bin/yarnlib eval passkey --model smollm2 "${what[@]}" --lengths "$length" \
-                --trials "$TRIALS" --dtype bfloat16 --output "$OUT" --resume --max-trials 1
+                --trials "$TRIALS" --dtype "$DTYPE" --output "$OUT" --resume --max-trials 1
         done
     done
 done
