@@ -3,7 +3,10 @@ with YaRN to 1024 (4×) and 2048 (8×) three ways, at the same number of steps:
 
 - ``none``: the YaRN patch, no training;
 - ``full``: ``yarnlib finetune`` on rows of N tokens;
-- ``pose``: ``yarnlib finetune --pose --target-length N`` on rows of 256 tokens (2 chunks).
+- ``pose``: ``yarnlib finetune --pose --target-length N`` on rows of 256 tokens (2 chunks);
+- ``window``: the same 256-token rows without PoSE (consecutive positions): what the extra
+  training alone does, so that ``pose`` minus ``window`` is the effect of the skips;
+- ``pose-tokens``: PoSE with as many tokens per step as ``full`` (factor × the rows).
 
 Perplexity on the held-out plays at 256…N (the held-out token stream cut into windows of the
 length; the same tokens for every arm), tokens and seconds per step, and the peak RSS of each
@@ -29,7 +32,7 @@ import yarnlib
 from yarnlib.documents import DEFAULT_DATASET
 
 WINDOW = 256  # the base model's context, and PoSE's row length
-ARMS = ("none", "full", "pose")
+ARMS = ("none", "full", "pose", "window", "pose-tokens")
 
 
 def finetune(output: Path, *argv: str) -> list[dict]:
@@ -62,13 +65,17 @@ def arm_model(args, output: Path, pretrained: Path, arm: str, factor: int, commo
         model = AutoModelForCausalLM.from_pretrained(pretrained)
         return yarnlib.patch(model, method="yarn", factor=factor), {}
     target = WINDOW * factor
-    rows = ["--seq-len", str(target)]
-    if arm == "pose":
-        rows = ["--seq-len", str(WINDOW), "--pose", "--target-length", str(target)]
+    rows = {
+        "full": ["--seq-len", str(target)],
+        "pose": ["--seq-len", str(WINDOW), "--pose", "--target-length", str(target)],
+        "window": ["--seq-len", str(WINDOW)],
+        "pose-tokens": ["--seq-len", str(WINDOW), "--pose", "--target-length", str(target)],
+    }[arm]
+    rows_per_step = args.batch_size * (factor if arm == "pose-tokens" else 1)
     folder = output / f"{arm}-x{factor}"
     log = finetune(
         folder, "--model", str(pretrained), "--method", "yarn", "--factor", str(factor), *rows,
-        "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--lr", "1e-3",
+        "--batch-size", str(rows_per_step), "--steps", str(args.steps), "--lr", "1e-3",
         "--warmup-steps", "5", *common,
     )  # fmt: skip
     return AutoModelForCausalLM.from_pretrained(folder / "model"), summary(log)
