@@ -59,7 +59,13 @@ class TokenStream:
 
     tokens: torch.Tensor  # int32 [total]
     doc_starts: torch.Tensor  # int64 [documents], ascending, first is 0
-    key: str  # the cache key: identifies the data in checkpoints
+    key: str  # the cache key (file paths, sizes and mtimes, tokenizer)
+
+    def digest(self) -> str:
+        """The tokens' own fingerprint, which checkpoints record: a fresh clone of the same
+        files (other mtimes) resumes, other data is refused."""
+        blob = self.tokens.numpy().tobytes() + self.doc_starts.numpy().tobytes()
+        return hashlib.sha1(blob).hexdigest()[:16]
 
 
 def tokenize(

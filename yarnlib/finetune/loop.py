@@ -251,7 +251,7 @@ def train(args) -> Result:
         config["train_micro_batch_size_per_gpu"] = args.batch_size
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     check_grad_accum(accelerator, args.grad_accum)
-    cursor = checkpoint.Cursor(stream.key, global_batch, args.seq_len)
+    cursor = checkpoint.Cursor(stream.digest(), global_batch, args.seq_len)
     accelerator.register_for_checkpointing(cursor)
     if args.lora:  # checkpoints of megabytes: the frozen base comes from --model on resume
         accelerator.register_save_state_pre_hook(checkpoint.trainable_only)
