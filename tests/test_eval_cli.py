@@ -133,7 +133,8 @@ def test_fewer_long_documents_than_samples_are_said(model_dir, tmp_path, capsys)
     capsys.readouterr()
     assert main(args) == 0
     out, err = capsys.readouterr()
-    assert "warning: samples: 2 requested, but too few documents are that long: 1 at 384 tokens;" in err
+    warning = "warning: samples: 2 requested, but too few documents are that long: 1 at 384 tokens;"
+    assert warning in err
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
     assert rows["samples"] == ["2", "1"]  # the table says how many each length used
 
