@@ -71,7 +71,10 @@ def run_settings(args, spec, mixed_precision: str) -> dict:
 
 def trainable_only(models, weights, output_dir) -> None:
     """accelerate save-state hook (LoRA runs): keep only the parameters that train; the rest
-    equal --model's weights, which a resume loads anyway (and run.json pins --model)."""
+    equal --model's weights, which a resume loads anyway (and run.json pins --model). FSDP
+    and DeepSpeed write the model themselves (``weights`` is empty): every parameter, sharded."""
+    if not weights:
+        return
     for i, (model, state) in enumerate(zip(models, weights, strict=True)):
         names = {name for name, p in model.named_parameters() if p.requires_grad}
         weights[i] = {name: tensor for name, tensor in state.items() if name in names}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -24,8 +25,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin, set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, get_scheduler
 
@@ -50,6 +51,7 @@ class Result:
     model_dir: Path | None  # the saved model (None when stopped early by --stop-after)
     steps: int  # optimizer steps done in total
     model: torch.nn.Module | None = None  # the trained model, unwrapped (for evaluations)
+    optimizer: torch.optim.Optimizer | None = None  # its AdamW (under FSDP: this rank's shards)
     losses: dict[int, float] = field(default_factory=dict)  # step → mean loss, this run
 
 
@@ -126,12 +128,34 @@ def loss_of(model, head, inputs: dict, labels: torch.Tensor, chunk_size: int) ->
     final hidden states ``chunk_size`` positions at a time (yarnlib.chunked_loss)."""
     if chunk_size > 0:
         out = model(**inputs, use_cache=False, output_hidden_states=True, logits_to_keep=1)
-        total, count = nll_sum(out.hidden_states[-1], head, labels, chunk_size)
+        total, count = nll_sum(out.hidden_states[-1], unhooked(head), labels, chunk_size)
         return total / max(count, 1)
     logits = model(**inputs, use_cache=False).logits.float()
     return F.cross_entropy(
         logits.flatten(0, 1), labels.flatten().to(logits.device), ignore_index=IGNORE_INDEX
     )
+
+
+def unhooked(head):
+    """The head as a plain linear map. Under FSDP2 the head's unit runs its hooks on every
+    call; the chunked loss calls it once per chunk and again in backward (checkpoint
+    recompute), which corrupts FSDP2's state (a segfault on CPU). Its weight stays gathered from
+    the forward to the end of the backward (accelerate: the tail unit does not reshard after
+    forward), so the same matmul without the module's hooks is exact. LoRA on the head and
+    other head types are called as they are."""
+    if not isinstance(head, torch.nn.Linear):
+        return head
+
+    def linear(hidden: torch.Tensor) -> torch.Tensor:
+        if hasattr(head.weight, "to_local"):  # still sharded: the unit resharded after forward
+            raise RuntimeError(
+                "fsdp_reshard_after_forward: the output head was resharded after forward, so "
+                "the chunked loss cannot use it; allowed: --chunk-size 0, or keep the head's "
+                "unit gathered (accelerate's FSDP2 does)"
+            )
+        return F.linear(hidden, head.weight, head.bias)
+
+    return linear
 
 
 def has_accelerator() -> bool:
@@ -149,7 +173,7 @@ def make_accelerator(args) -> Accelerator:
     if precision == "auto":  # bf16 where the hardware runs it fast
         precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
     trackers = choose_trackers(args.report_to)
-    return Accelerator(
+    accelerator = Accelerator(
         # without this, torchrun on a machine without accelerators gives N unrelated runs
         cpu=not has_accelerator(),
         gradient_accumulation_steps=args.grad_accum,
@@ -158,6 +182,30 @@ def make_accelerator(args) -> Accelerator:
         project_dir=args.output,
         step_scheduler_with_optimizer=False,  # stepped once per optimizer step, below
     )
+    fsdp_on_cpu(accelerator)
+    return accelerator
+
+
+def fsdp_on_cpu(accelerator) -> None:
+    """accelerate (1.15) turns an FSDP config into FSDP on GPU-like devices only and runs DDP
+    over CPU processes; torch's FSDP2 runs on CPU/gloo. With an FSDP config (the
+    ACCELERATE_USE_FSDP that ``accelerate launch`` sets) on several CPU processes, switch the
+    state to FSDP, so that prepare, save_state and get_state_dict take accelerate's own FSDP2
+    path (tests/test_finetune_fsdp.py: two ranks end where one process does)."""
+    wanted = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if not wanted or accelerator.distributed_type != DistributedType.MULTI_CPU:
+        return
+    plugin = FullyShardedDataParallelPlugin()  # from the FSDP_* variables, as accelerate does
+    if plugin.fsdp_version != 2:
+        raise ValueError(
+            f"fsdp_version: {plugin.fsdp_version} on CPU processes; allowed: 2 (FSDP1 needs "
+            "a GPU; set fsdp_version: 2 in the accelerate config)"
+        )
+    if accelerator.mixed_precision != "no":
+        plugin.set_mixed_precision(accelerator.mixed_precision)
+    accelerator.state.fsdp_plugin = plugin
+    accelerator.state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
 
 
 def check_grad_accum(accelerator, wanted: int) -> None:
@@ -177,6 +225,13 @@ def train(args) -> Result:
         raise ValueError(f"schedule: {args.schedule!r}; allowed: {', '.join(SCHEDULES)}")
     accelerator = make_accelerator(args)
     check_grad_accum(accelerator, args.grad_accum)
+    if args.lora and accelerator.distributed_type == DistributedType.FSDP:
+        # peft saves and merges the adapter from full tensors, FSDP2 holds shards of them
+        raise ValueError(
+            "lora: --lora under FSDP is not supported (the adapter cannot be saved or merged "
+            "from sharded weights); allowed: --lora on one process, DDP or DeepSpeed, or full "
+            "fine-tuning under FSDP"
+        )
     set_seed(args.seed)
     output = Path(args.output)
     resume_from = checkpoint.resolve_resume(args.resume, output) if args.resume else None
@@ -337,6 +392,7 @@ def train(args) -> Result:
             checkpoint.save(accelerator, output, cursor.step, args.keep_checkpoints, run_settings)
     bar.close()
     result.steps, result.model = cursor.step, accelerator.unwrap_model(model)
+    result.optimizer = optimizer.optimizer  # accelerate's wrapper holds the torch optimizer
     if cursor.step >= args.steps:
         result.model_dir = save_model(accelerator, model, tokenizer, output / "model", args.lora)
     accelerator.end_training()
