@@ -61,22 +61,30 @@ def common_args(tmp_path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def two_ranks(tmp_path, common: list[str]) -> list[dict]:
-    """Run ``common`` on two torchrun processes (output tmp_path/run); each rank's report."""
-    script = tmp_path / "two_ranks.py"
-    script.write_text(SCRIPT)
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script),
-        str(tmp_path), *common, "--output", str(tmp_path / "run"),
-    ]  # fmt: skip
+def launch(command: list[str]) -> subprocess.CompletedProcess:
+    """A launcher command (torchrun, accelerate launch) with the repo and tests importable."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
         "HF_HUB_OFFLINE": "1",
     }
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", *command], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def two_ranks(tmp_path, common: list[str]) -> list[dict]:
+    """Run ``common`` on two torchrun processes (output tmp_path/run); each rank's report."""
+    script = tmp_path / "two_ranks.py"
+    script.write_text(SCRIPT)
+    done = launch(
+        [
+            "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port()), str(script), str(tmp_path), *common,
+            "--output", str(tmp_path / "run"),
+        ]
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     return [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
 

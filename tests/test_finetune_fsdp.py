@@ -6,14 +6,11 @@ same global batch does (loss and updated weights)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_finetune_distributed import common_args, free_port
+from test_finetune_distributed import common_args, free_port, launch
 from transformers import AutoModelForCausalLM
 
 from yarnlib.cli import main as yarnlib_main
@@ -59,18 +56,13 @@ def fsdp_run(tmp_path_factory):
     common = common_args(tmp_path, "--factor", "2", "--no-gradient-checkpointing")
     script = tmp_path / "ranks.py"
     script.write_text(SCRIPT)
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG),
-        "--main_process_port", str(free_port()), str(script), str(tmp_path), *common,
-        "--output", str(tmp_path / "run"),
-    ]  # fmt: skip
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
-        "HF_HUB_OFFLINE": "1",
-    }
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = launch(
+        [
+            "accelerate.commands.launch", "--config_file", str(CONFIG), "--main_process_port",
+            str(free_port()), str(script), str(tmp_path), *common,
+            "--output", str(tmp_path / "run"),
+        ]
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     return tmp_path, common, ranks
@@ -111,13 +103,13 @@ def test_two_fsdp_ranks_end_where_one_process_does(fsdp_run):
 
 def test_lora_under_fsdp_is_refused_in_one_line(tmp_path):
     common = common_args(tmp_path, "--factor", "2", "--lora")
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIG),
-        "--main_process_port", str(free_port()), "-m", "yarnlib.finetune", *common,
-        "--output", str(tmp_path / "run"),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = launch(
+        [
+            "accelerate.commands.launch", "--config_file", str(CONFIG), "--main_process_port",
+            str(free_port()), "-m", "yarnlib.finetune", *common,
+            "--output", str(tmp_path / "run"),
+        ]
+    )  # fmt: skip
     assert done.returncode != 0
     assert "yarnlib finetune: error: lora: --lora under FSDP is not supported" in done.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
