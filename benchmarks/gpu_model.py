@@ -3,9 +3,10 @@ natively in transformers (its own rope): 2 layers of a Qwen2.5-7B-like shape (ro
 heads, yarn ×4 from 32k), random weights, bfloat16, SDPA, at 16k and 64k tokens.
 
 Per length and model: forward (hidden states) and forward+backward (chunked loss, weight
-gradients) median time and peak memory; max |Δ logits| of the patched model against the
-native one, with the kernel and with transformers' rotation of yarnlib's tables (which must
-be exactly 0). Logits are compared a chunk of positions at a time (never [64k × 152k]).
+gradients) median time and peak memory, the latter beside ``yarnlib plan``'s prediction for
+the same shape (issue 30); max |Δ logits| of the patched model against the native one, with
+the kernel and with transformers' rotation of yarnlib's tables (which must be exactly 0).
+Logits are compared a chunk of positions at a time (never [64k × 152k]).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import yarnlib
 from yarnlib.chunked_loss import causal_lm_loss
 from yarnlib.eval.measure import Meter
 from yarnlib.patches import patch_state
+from yarnlib.plan import memory
+from yarnlib.plan.shapes import shape_from_config
 
 LENGTHS, DRY_RUN_LENGTHS = (16384, 65536), (64, 128)
 REPEATS, DRY_RUN_REPEATS = 3, 1
@@ -58,6 +61,22 @@ def measure(model, ids, device, repeats) -> dict:
             row[f"{phase}_ms"] = timer(fn, device, repeats)
         row[f"{phase}_peak_mb"] = meter.peak_memory_mb
     return row
+
+
+# the model's weights, activations and gradients are all bfloat16 here (no autocast, no FSDP)
+BF16_WEIGHTS = memory.Precision("bf16-weights", 2, 2, 2, False)
+
+
+def planned_fwd_bwd_mb(model, tokens: int) -> float:
+    """The plan's peak of a forward+backward with ``causal_lm_loss`` (1024-token loss chunks):
+    the weights, then the activation peak with the head's grad, or every grad at the end."""
+    shape = shape_from_config(model.config.to_dict())
+    params = sum(p.numel() for p in model.parameters())
+    p = BF16_WEIGHTS
+    acts = memory.activations(shape, tokens, p, checkpointing=False, attn="sdpa", chunk=1024)
+    head_grad = p.param * shape.vocab_size * shape.hidden_size
+    peak = p.param * params + max(memory.activation_peak(acts) + head_grad, p.param * params)
+    return round(peak / 2**20, 1)
 
 
 @torch.no_grad()
@@ -99,6 +118,7 @@ def main() -> int:
         ids = inputs(n)
         row = {"tokens": n, "native": measure(native, ids, device, repeats)}
         row["kernel"] = measure(model, ids, device, repeats)
+        row["planned_fwd_bwd_peak_mb"] = planned_fwd_bwd_mb(model, n)
         row["max_abs_diff_logits_kernel"], row["max_abs_logits"] = max_logit_diff(
             model, native, ids
         )
@@ -117,7 +137,8 @@ def main() -> int:
             f"{k['forward_ms'] / nat['forward_ms']:.3f}× ({k['forward_ms']:.1f} vs "
             f"{nat['forward_ms']:.1f} ms), fwd+bwd {k['fwd_bwd_ms'] / nat['fwd_bwd_ms']:.3f}× "
             f"({k['fwd_bwd_ms']:.1f} vs {nat['fwd_bwd_ms']:.1f} ms); peak fwd+bwd "
-            f"{k['fwd_bwd_peak_mb']} vs {nat['fwd_bwd_peak_mb']} MB; max |Δ logits| kernel "
+            f"{k['fwd_bwd_peak_mb']} vs {nat['fwd_bwd_peak_mb']} MB (plan "
+            f"{r['planned_fwd_bwd_peak_mb']} MB); max |Δ logits| kernel "
             f"{r['max_abs_diff_logits_kernel']:.3g}, transformers' rotation "
             f"{r['max_abs_diff_logits_torch_rotation']:.3g} (|logits| ≤ "
             f"{r['max_abs_logits']:.3g})"

@@ -74,6 +74,7 @@ def test_dry_run_model_and_long_context_steps(dry_run):
         # float32 rotation vs transformers' bf16 products: a few bf16 roundings of the logits
         assert 0 <= row["max_abs_diff_logits_kernel"] <= 2**-5 * row["max_abs_logits"]
         assert row["kernel"]["fwd_bwd_ms"] > 0 and row["native"]["fwd_bwd_peak_mb"] > 0
+        assert row["planned_fwd_bwd_peak_mb"] > 0  # yarnlib plan beside the measured peak
     long = json.loads((out / "long_context.json").read_text())
     assert long["passed"]
     assert [c["method"] for c in long["perplexity"]["cells"]] == ["none", "yarn:4"]
