@@ -2,8 +2,8 @@
 
 1. train: ``yarnlib finetune --pose --target-length 32768 --seq-len 2048`` with LoRA (q, k, v, o)
    on the packaged plays that are not held out (benchmarks/tune_smollm2.py
-   HELD_OUT); checkpoints hold the adapter and its optimizer state only (megabytes), so a
-   session commits the newest one and the next continues it (rerun the same command);
+   HELD_OUT); checkpoints hold the adapter and its optimizer state only (22 MB, kept out of
+   git: .gitignore), and rerunning the same command on the same machine continues the run;
 2. OUT/adapter/ (peft adapter, kept in git) and OUT/spec.json (the RoPE scaling it was trained
    under); OUT/train/model (merged, not in git) is rebuilt from them when missing;
 3. perplexity at 2k/8k/32k on the held-out plays of the PoSE model, the same
