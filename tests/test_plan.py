@@ -201,6 +201,11 @@ def test_activation_formulas_by_hand():
     assert acts.head == 12 * 1024 * 152064  # float32 log-softmax, its grad, the logits' grad
     full = memory.activations(shape, tokens, p, checkpointing=False)
     assert full.head == 12 * tokens * 152064 and full.recompute == 0
+    # float32 residual stream: the recomputed layer's float32 input is the checkpoint's input
+    fp32 = memory.PRECISIONS["fp32"]
+    layer32 = memory.layer_bytes_per_token(shape, "flash", fp32)
+    acts32 = memory.activations(shape, tokens, fp32, checkpointing=True)
+    assert acts32.recompute == (layer32 - 4 * h) * tokens
     # eager keeps [heads × T] float32 softmax per token (and no bf16 cast of it in fp32)
     # a log-prob forward: gate, up and their product in bf16 beside two float32 residual grads
     # worth of hidden states, or the bf16 logits and float32 log-softmax of the chunk

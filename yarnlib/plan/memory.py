@@ -137,7 +137,10 @@ def activations(
         backward *= shape.num_experts_per_tok
     rows = min(chunk, tokens) if chunk else tokens
     head = logits_bytes(shape, rows, p)
-    return Activations(saved, layer + weights if checkpointing else 0, backward, head)
+    # a float32 residual stream: the first norm's float32 input is the layer's input itself,
+    # which checkpointing keeps in ``saved``; the recompute does not make it a second time
+    shared = shape.hidden_size * 4 * tokens if p.residual == 4 else 0
+    return Activations(saved, layer + weights - shared if checkpointing else 0, backward, head)
 
 
 def logits_bytes(shape: ModelShape, rows: int, p: Precision) -> int:
