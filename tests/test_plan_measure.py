@@ -5,15 +5,25 @@ baseline, in a fresh process; benchmarks/plan_memory.py runs the full table."""
 import sys
 
 import pytest
+import transformers
 
 from yarnlib.plan.measure import TINY, measure_in_subprocess
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/status")
 
 
+# transformers 4.57 (the compat lane): the float32 full-logits step peaks 16.5 % above the plan
+# (250 vs 215 MB), about one more [tokens × vocab] float32 tensor than 5.x holds; not traced.
+# The plan models the pinned 5.x stack; strict, so that a match on 4.57 would show.
+OLD_TRANSFORMERS = int(transformers.__version__.split(".")[0]) < 5
+FULL_LOGITS_ON_4 = pytest.mark.xfail(
+    OLD_TRANSFORMERS, reason="transformers 4.x holds one more logits tensor", strict=True
+)
+
+
 @pytest.mark.parametrize(
     "precision, checkpointing, chunk",
-    [("fp32", False, 0), ("bf16", True, 1024)],
+    [pytest.param("fp32", False, 0, marks=FULL_LOGITS_ON_4), ("bf16", True, 1024)],
 )
 def test_measured_peak_within_15_percent_of_the_plan(precision, checkpointing, chunk):
     row = dict(model=TINY, tokens=2048, precision=precision, attn="sdpa")
