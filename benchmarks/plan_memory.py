@@ -2,9 +2,9 @@
 Llama and of SmolLM2-135M, with and without gradient checkpointing and the chunked loss, in
 float32 and bf16 autocast, beside the plan's number (``yarnlib.plan.measure``).
 
-Each row runs in its own process (one thread); rows already in the JSON are kept, so an
-interrupted run resumes with the same command. The planned bytes are recomputed from the
-current formulas whenever the table is written.
+Each row runs in its own process (one thread; SmolLM2 at 16k two); rows already in the JSON
+are kept, so an interrupted run resumes with the same command. The planned bytes are
+recomputed from the current formulas whenever the table is written.
 
     nice -n 10 python benchmarks/plan_memory.py                 # all rows (~1 h on 2 busy cores)
     python benchmarks/plan_memory.py --only tiny                # the tiny model's rows
@@ -62,7 +62,11 @@ def rows(smollm2_path: str | None) -> list[dict]:
         for tokens, precision, checkpointing, chunk in settings:
             row = dict(name=name, tokens=tokens, precision=precision, attn="sdpa")
             where = {"model": TINY} if name == "tiny" else {"path": smollm2_path}
-            out.append(dict(row, **where, checkpointing=checkpointing, chunk=chunk))
+            # SmolLM2 at 16k: ~1.5 h on one thread here, so two
+            threads = 2 if name == "smollm2" and tokens >= 16384 else 1
+            out.append(
+                dict(row, **where, checkpointing=checkpointing, chunk=chunk, threads=threads)
+            )
     return out
 
 

@@ -80,7 +80,7 @@ def measure(row: dict[str, Any]) -> dict[str, Any]:
     from yarnlib.plan import memory
     from yarnlib.plan.shapes import shape_from_config
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(row.get("threads", 1))  # per-thread scratch is small beside a step
     model = _build(row)
     head = model.get_output_embeddings()
     tokens, bf16 = row["tokens"], row["precision"] == "bf16"
@@ -126,8 +126,9 @@ def measure(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def measure_in_subprocess(row: dict[str, Any], nice: int = 0, timeout: float | None = None):
-    """``measure(row)`` in a fresh Python (one thread, the malloc settings above)."""
-    env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": "1"}
+    """``measure(row)`` in a fresh Python (``row["threads"]``, default one; the malloc settings
+    above)."""
+    env = {**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": str(row.get("threads", 1))}
     command = [sys.executable, "-m", "yarnlib.plan.measure", json.dumps(row)]
     if nice:
         command = ["nice", "-n", str(nice), *command]
