@@ -54,8 +54,12 @@ $(COMPAT_STAMP): pyproject.toml constraints-$(COMPAT).txt
 	$(COMPAT_PIP) install -q -c constraints-$(COMPAT).txt -e ".[kernels,eval,finetune,dev]"
 	touch $(COMPAT_STAMP)
 
+# Files whose subject does not go through transformers (the wheel's contents, the folder lock,
+# the Triton interpreter's numerics) run in the main lane only: 2 CPU-minutes of every CI run.
+COMPAT_SAME := test_wheel.py test_config_lock.py test_kernels_triton.py
 test-compat: $(COMPAT_STAMP)
-	OMP_NUM_THREADS=1 $(COMPAT_VENV)/bin/pytest -q -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(COMPAT_VENV)/bin/pytest -q -n 2 --dist loadfile \
+		$(addprefix --ignore=tests/,$(COMPAT_SAME))
 
 demo: $(STAMP)
 	$(VENV)/bin/yarnlib demo

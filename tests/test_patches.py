@@ -111,36 +111,54 @@ SAVE_AND_RELOAD = textwrap.dedent(
     """
     import json, sys, torch
     from transformers import AutoModelForCausalLM
-    if sys.argv[3] == "import":
+    folders, ids, needs = sys.argv[1:]
+    if needs == "import":
         import yarnlib  # noqa: F401  (teaches transformers yarnlib_dynamic_yarn)
-    assert ("yarnlib" in sys.modules) == (sys.argv[3] == "import")
-    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], attn_implementation="eager")
-    ids = torch.tensor(json.loads(sys.argv[2]))
-    with torch.no_grad():
-        print(json.dumps(model(ids).logits.tolist()))
+    assert ("yarnlib" in sys.modules) == (needs == "import")
+    ids = torch.tensor(json.loads(ids))
+    out = {}
+    for folder in json.loads(folders):
+        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")
+        with torch.no_grad():
+            out[folder] = model(ids).logits.tolist()
+    print(json.dumps(out))
     """
 )
+RELOADED = ["none", "linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn"]
 
 
-@pytest.mark.parametrize(
-    "method", ["none", "linear", "ntk", "dynamic_ntk", "ntk_by_parts", "yarn", "dynamic_yarn"]
-)
-def test_save_pretrained_reloads_without_yarnlib(method, tmp_path):
-    model = yarnlib.patch(tiny_model("llama"), method, FACTOR[method])
-    model.save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
-    assert MARKER in saved or method == "none"
+@pytest.fixture(scope="module")
+def reloads(tmp_path_factory):
+    """method -> (saved config, logits of the patched model, logits reloaded in a fresh Python).
+    One fresh interpreter per import mode (an interpreter start is most of the cost)."""
     ids = IDS[:1, : 3 * ORIGINAL]
+    saved, expected = {}, {}
+    for method in RELOADED:
+        folder = tmp_path_factory.mktemp(method)
+        model = yarnlib.patch(tiny_model("llama"), method, FACTOR[method])
+        model.save_pretrained(folder)
+        saved[method] = (str(folder), json.loads((folder / "config.json").read_text()))
+        expected[method] = logits(model, ids)
+    reloaded = {}
     # dynamic_yarn has no transformers equivalent: it needs `import yarnlib`, nothing else.
-    needs = "import" if method == "dynamic_yarn" else "plain"
-    out = subprocess.run(
-        [sys.executable, "-c", SAVE_AND_RELOAD, str(tmp_path), json.dumps(ids.tolist()), needs],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    reloaded = torch.tensor(json.loads(out.stdout.strip().splitlines()[-1]))
-    torch.testing.assert_close(reloaded, logits(model, ids), rtol=1e-5, atol=1e-5)
+    for needs in ("plain", "import"):
+        folders = [saved[m][0] for m in RELOADED if (m == "dynamic_yarn") == (needs == "import")]
+        out = subprocess.run(
+            [sys.executable, "-c", SAVE_AND_RELOAD, json.dumps(folders), json.dumps(ids.tolist()),
+             needs],
+            capture_output=True,
+            text=True,
+            check=True,
+        )  # fmt: skip
+        reloaded.update(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {m: (saved[m][1], expected[m], torch.tensor(reloaded[saved[m][0]])) for m in RELOADED}
+
+
+@pytest.mark.parametrize("method", RELOADED)
+def test_save_pretrained_reloads_without_yarnlib(method, reloads):
+    config, expected, reloaded = reloads[method]
+    assert MARKER in config or method == "none"
+    torch.testing.assert_close(reloaded, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 import yaml
 from tiny_models import tiny_config
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -106,9 +107,16 @@ REAL = {
     "Llama-3.1-8B": LLAMA31_8B,
     "Qwen3-30B-A3B": QWEN3_30B_A3B,
 }
+# transformers 4.x builds the MoE's 48 x 128 experts as separate modules (30 s on meta here);
+# 5.x fuses them, and the count is the same architecture's: checked once, in the main lane.
+MOE_ON_4 = pytest.mark.skipif(
+    int(transformers.__version__.split(".")[0]) < 5, reason="4.x: 6144 expert modules, slow"
+)
 
 
-@pytest.mark.parametrize("name", REAL)
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=MOE_ON_4) if "A3B" in n else n for n in REAL]
+)
 def test_parameter_count_equals_the_architecture_built_by_transformers(name):
     config = dict(REAL[name])
     with torch.device("meta"):

@@ -16,10 +16,11 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/sel
 # where 5.x passes is_causal=True (checked by wrapping F.scaled_dot_product_attention): the
 # float32 full-logits step peaks 16.5 % above the plan there (250 vs 215 MB at 2k, the extra
 # already there in the forward: 2 layers x 16 MB for a float32 [T, T] each + the 4 MB mask would
-# match). The plan models the pinned 5.x stack; strict, so that a match on 4.57 would show.
+# match). The plan models the pinned 5.x stack; the row is skipped there (a minute's run to
+# show a known excess; docs/plan.md has the numbers).
 OLD_TRANSFORMERS = int(transformers.__version__.split(".")[0]) < 5
-FULL_LOGITS_ON_4 = pytest.mark.xfail(
-    OLD_TRANSFORMERS, reason="transformers 4.x: a [T, T] SDPA mask per layer", strict=True
+FULL_LOGITS_ON_4 = pytest.mark.skipif(
+    OLD_TRANSFORMERS, reason="transformers 4.x: a [T, T] SDPA mask per layer"
 )
 
 
