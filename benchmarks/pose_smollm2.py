@@ -9,7 +9,8 @@
 3. perplexity at 2k/8k/32k on the held-out plays of the PoSE model, the same
    scaling untrained (``yarn:4``) and the native model (2k and 8k);
 4. passkey at 16k/32k with independent prompts (30 per length: own offset in the classic
-   filler, depth and key; Wilson 95 % intervals), PoSE model and ``yarn:4``. The classic
+   filler, depth and key; Wilson 95 % intervals) of the PoSE model; ``yarn:4``'s, the same
+   prompts, come from issue 29's run (benchmarks/passkey_smollm2.sh). The classic
    filler, not the plays: SmolLM2-135M unscaled at 2k, inside its own window, finds 9/9 keys
    in the classic filler and 3/9 in the plays (benchmarks/results/passkey_haystack_smollm2),
    so a play haystack would measure the small model's reading, not the context length;
@@ -177,8 +178,13 @@ def perplexity(args, plan: dict, data: Path, output: Path, model: Path) -> None:
         )  # fmt: skip
 
 
+# The untrained yarn:4 row's prompts are issue 29's (benchmarks/passkey_smollm2.sh: the same
+# seed, trials, filler and precision, so the same prompts): run there once, read here.
+UNTRAINED_PASSKEY = Path("benchmarks/results/tune_smollm2/passkey-independent")
+
+
 def passkey(args, plan: dict, output: Path, model: Path) -> None:
-    for key, name, methods, lengths in rows(args, plan, model, "passkey_lengths"):
+    for key, name, methods, lengths in rows(args, plan, model, "passkey_lengths")[:1]:
         yarnlib(
             "eval", "passkey", "--model", name, "--methods", methods, "--lengths", lengths,
             "--trials", str(plan["trials"]), "--haystack", "classic", "--dtype", plan["dtype"],
@@ -199,7 +205,12 @@ def table(output: Path, plan: dict) -> dict:
     result = {}
     for name, key in names.items():
         ppl = {c["length"]: math.exp(c["nll"]) for c in cells(output / f"ppl-{key}", "perplexity")}
-        pooled = by_length(cells(output / f"passkey-{key}", "passkey"))
+        found = cells(output / f"passkey-{key}", "passkey")
+        if key == "base" and not plan["original"]:
+            lengths = {int(n) for n in plan["passkey_lengths"].split(",")}
+            found = [c for c in cells(UNTRAINED_PASSKEY, "passkey")
+                     if c["method"] == f"yarn:{factor:g}" and c["length"] in lengths]  # fmt: skip
+        pooled = by_length(found)
         result[name] = {"perplexity": ppl, "passkey": {r["length"]: r for r in pooled}}
     return result
 
