@@ -70,6 +70,34 @@ def test_perplexity_outputs_and_resume(model_dir, data_dir, tmp_path, capsys):
     assert "computed 0 cells" in capsys.readouterr().out
 
 
+def test_a_run_killed_inside_a_cell_resumes_from_its_last_document(
+    model_dir, data_dir, tmp_path, monkeypatch
+):
+    import yarnlib.eval.perplexity as perplexity
+
+    forward = perplexity.token_nlls
+    calls = []
+
+    def killed_at_the_second(model, ids, *args):
+        calls.append(len(ids))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # a kill after the first document of the first cell
+        return forward(model, ids, *args)
+
+    monkeypatch.setattr(perplexity, "token_nlls", killed_at_the_second)
+    assert ppl(model_dir, data_dir, tmp_path / "cut", "--methods", "yarn:2") == 130
+    assert cells(tmp_path / "cut") == []  # no cell finished
+    calls.clear()
+    assert ppl(model_dir, data_dir, tmp_path / "cut", "--methods", "yarn:2", "--resume") == 0
+    assert calls == [384]  # only the second document: the first came from the document store
+    monkeypatch.setattr(perplexity, "token_nlls", forward)
+    assert ppl(model_dir, data_dir, tmp_path / "whole", "--methods", "yarn:2") == 0
+    resumed, whole = cells(tmp_path / "cut"), cells(tmp_path / "whole")
+    for cut, full in zip(resumed, whole, strict=True):
+        assert cut["nll"] == full["nll"] and cut["tokens"] == full["tokens"]
+    assert [c["resumed_tokens"] for c in resumed] == [384, 384] and whole[0]["resumed_tokens"] == 0
+
+
 def test_passkey_outputs_and_resume(model_dir, tmp_path, capsys):
     out = tmp_path / "pk"
     args = ["eval", "passkey", "--model", str(model_dir), "--methods", "none,yarn:2",

@@ -139,7 +139,7 @@ def interruptible(run):
 
 
 def run_perplexity_cli(args) -> int:
-    from yarnlib.eval.perplexity import run_perplexity, table
+    from yarnlib.eval.perplexity import DOCUMENTS, run_perplexity, table
     from yarnlib.eval.plots import plot_perplexity
 
     lengths = int_list("lengths", args.lengths, minimum=2)
@@ -159,11 +159,15 @@ def run_perplexity_cli(args) -> int:
     )
     computed = []
     if not store.complete(methods, lengths):
+        document_store = CellStore(
+            args.output, ("method", "document", "forward_length"), keyed, args.resume,
+            DOCUMENTS, row_settings(methods),
+        )  # fmt: skip
         model, _ = load_model(args.model, DTYPES[args.dtype])
         model.to(run_device())
         computed = run_perplexity(
             model, tokens, methods, lengths, chosen, skipped, store, original,
-            args.window, args.stride, args.chunk_size, args.max_cells,
+            args.window, args.stride, args.chunk_size, args.max_cells, document_store,
         )  # fmt: skip
     records = list(store.done.values())
     names = {n: [docs[d][0] for d in chosen[n]] for n in lengths}

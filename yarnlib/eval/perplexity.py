@@ -19,6 +19,8 @@ from yarnlib.eval.measure import Meter
 from yarnlib.eval.methods import Method, apply_method
 from yarnlib.eval.store import CellStore
 
+DOCUMENTS = "perplexity_documents.jsonl"  # one line per finished document, beside the cells
+
 
 def windows(n: int, window: int | None, stride: int | None) -> list[tuple[int, int, int]]:
     """``(begin, end, first_target)`` per forward: each token 1..n-1 is scored by exactly one
@@ -102,6 +104,7 @@ def run_perplexity(
     stride: int | None = None,
     chunk_size: int = 1024,
     max_cells: int | None = None,
+    document_store: CellStore | None = None,
 ) -> list[tuple[str, int]]:
     """Compute every missing (method, length) cell into ``store``; returns the cells computed.
 
@@ -109,6 +112,9 @@ def run_perplexity(
 
     ``max_cells`` stops once at least that many cells are done (a budget, and the way tests
     interrupt a run); a group of lengths sharing forwards always finishes together.
+    ``document_store`` (keys method, document, forward_length) holds each finished document's
+    NLL sums, so a run killed inside a cell (a 32k forward is half an hour on a CPU core)
+    resumes from its last document.
     """
     plan = forward_plan(methods, lengths, chosen, store, original)
     total = sum(sum(docs.values()) for _, _, docs in plan)
@@ -121,15 +127,29 @@ def run_perplexity(
             apply_method(model, m)
             bar.set_postfix_str(f"{m.label} @ {max(group)}")
             sums = {n: [] for n in group}
+            resumed = 0
             with Meter(device) as meter:
                 for d, forward_length in docs.items():
-                    nll = token_nlls(
-                        model, documents[d][:forward_length], window, stride, chunk_size, bar
-                    )
-                    for n in group:
-                        if d in chosen[n]:
+                    needed = [n for n in group if d in chosen[n]]
+                    key = dict(method=m.label, document=d, forward_length=forward_length)
+                    kept = {}
+                    if document_store is not None and document_store.has(**key):
+                        kept = document_store.done[document_store.key(key)]["scored"]
+                    if all(str(n) in kept for n in needed):
+                        resumed += forward_length
+                        bar.update(forward_length)
+                    else:
+                        nll = token_nlls(
+                            model, documents[d][:forward_length], window, stride, chunk_size, bar
+                        )
+                        kept = {}
+                        for n in needed:
                             scored = nll[:n][~torch.isnan(nll[:n])]
-                            sums[n].append((float(scored.double().sum()), scored.numel()))
+                            kept[str(n)] = (float(scored.double().sum()), scored.numel())
+                        if document_store is not None:
+                            document_store.add({"scored": kept, **key})  # the key last
+                    for n in needed:
+                        sums[n].append(tuple(kept[str(n)]))
             for n in group:
                 total_nll = sum(s for s, _ in sums[n])
                 tokens = sum(c for _, c in sums[n])
@@ -147,7 +167,8 @@ def run_perplexity(
                         "sample_perplexities": [math.exp(s / c) for s, c in sums[n]],
                         "forward_length": max(group),
                         "shared_forward_lengths": group,
-                        **meter.fields(sum(docs.values())),
+                        "resumed_tokens": resumed,  # taken from document_store: not in the timing
+                        **meter.fields(sum(docs.values()) - resumed),
                     }
                 )
                 computed.append((m.label, n))
