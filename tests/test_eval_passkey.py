@@ -4,7 +4,7 @@ import re
 import pytest
 import torch
 from test_eval_support import VOCAB, tiny_tokenizer
-from tiny_models import tiny_model
+from tiny_models import hand_written_rope, tiny_model
 
 import yarnlib
 from yarnlib.eval import passkey
@@ -257,3 +257,17 @@ def test_the_cached_path_declares_what_generate_declares(tok, sdpa_model, monkey
     assert declared == {"answer": [408], "generate": [408]}
     torch.testing.assert_close(first_logits[0], want, rtol=0, atol=2e-5)
     apply_method(sdpa_model, parse_methods("none")[0])
+
+
+def test_none_row_records_the_scaling_the_model_was_saved_with(tok, tmp_path, monkeypatch):
+    """A fine-tuned model saved with yarn x4 runs scaled under ``none``: its cells say so."""
+    monkeypatch.setattr(passkey, "answer", lambda model, tokenizer, prompt, *_: f" {prompt.key}.")
+    yarn4 = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+    saved_scaled = tiny_model(
+        **hand_written_rope({**yarn4, "rope_theta": 50000.0}), max_position_embeddings=1024
+    )
+    for model, expected in [(saved_scaled, ("yarn", 4.0)), (tiny_model(), ("none", 1.0))]:
+        store = CellStore(tmp_path / expected[0], ("method", "length", "depth"), {}, resume=False)
+        passkey.run_passkey(model, tok, parse_methods("none"), [400], [0.5], 1, store)
+        cell = store.done[("none", 400, 0.5)]
+        assert (cell["scaling"], cell["factor"]) == expected

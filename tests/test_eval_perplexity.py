@@ -139,3 +139,27 @@ def test_shared_forwards_equal_separate_runs(model, tmp_path):
     groups = {(r["method"], tuple(r["shared_forward_lengths"])) for r in store.done.values()}
     assert ("none", (128, 256, 384, 512)) in groups
     assert ("dynamic_yarn:2", (128, 256)) in groups and ("dynamic_yarn:2", (384,)) in groups
+
+
+def test_records_name_the_scaling_each_row_ran(tmp_path):
+    """``none`` runs a model as saved: a model saved with yarn x2 records yarn x2 for that row
+    (and its numbers equal the yarn:2 row of the same model unscaled), not "none" x1."""
+    yarn2 = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": ORIGINAL}
+    saved_scaled = tiny_model(
+        initializer_range=SHARP,
+        **hand_written_rope({**yarn2, "rope_theta": THETA}),
+        max_position_embeddings=2 * ORIGINAL,
+    )
+    docs = [torch.randint(0, 128, (384,), generator=torch.Generator().manual_seed(5))]
+    fields = {}
+    plain = tiny_model(initializer_range=SHARP)
+    for name, model, methods in [("scaled", saved_scaled, "none,linear:2"),
+                                 ("plain", plain, "none,yarn:2")]:  # fmt: skip
+        store = CellStore(tmp_path / name, ("method", "length"), {}, resume=False)
+        run_perplexity(model, docs, parse_methods(methods), [384], {384: [0]}, {384: 0}, store,
+                       ORIGINAL)  # fmt: skip
+        fields[name] = {k[0]: (r["scaling"], r["factor"], r["perplexity"])
+                        for k, r in store.done.items()}  # fmt: skip
+    assert [v[:2] for v in fields["scaled"].values()] == [("yarn", 2.0), ("linear", 2.0)]
+    assert [v[:2] for v in fields["plain"].values()] == [("none", 1.0), ("yarn", 2.0)]
+    assert math.isclose(fields["scaled"]["none"][2], fields["plain"]["yarn:2"][2], rel_tol=1e-5)

@@ -72,6 +72,16 @@ def check_methods(config, methods: list[Method]) -> RopeScaling:
     return native
 
 
+def scaling_fields(model, m: Method) -> dict:
+    """What a row ran, for its result records: its own method and factor, or for ``none`` the
+    scaling the model's config carries (a model saved scaled, e.g. after fine-tuning, runs
+    scaled as is; its ``none`` row must not read as unscaled)."""
+    if m.method != "none":
+        return {"scaling": m.method, "factor": m.factor}
+    shipped = RopeScaling.from_hf(model.config)
+    return {"scaling": shipped.method, "factor": shipped.factor}
+
+
 def apply_method(model, m: Method):
     """Run ``model`` with ``m``: patched for a scaling method, restored exactly for ``none``."""
     if m.method == "none":

@@ -33,7 +33,7 @@ from transformers import DynamicCache
 
 from yarnlib.documents import load_documents
 from yarnlib.eval.measure import Meter
-from yarnlib.eval.methods import Method, apply_method
+from yarnlib.eval.methods import Method, apply_method, scaling_fields
 from yarnlib.eval.stats import rate_fields
 from yarnlib.eval.store import CellStore
 from yarnlib.patches.patch import declare_length, patch_state
@@ -476,8 +476,7 @@ def run_passkey(
             store.add(
                 {
                     "method": m.label,
-                    "scaling": m.method,
-                    "factor": m.factor,
+                    **scaling_fields(model, m),
                     "length": n,
                     "depth": d,
                     **where,

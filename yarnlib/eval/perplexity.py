@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from yarnlib.chunked_loss import token_nll
 from yarnlib.eval.measure import Meter
-from yarnlib.eval.methods import Method, apply_method
+from yarnlib.eval.methods import Method, apply_method, scaling_fields
 from yarnlib.eval.store import CellStore
 
 DOCUMENTS = "perplexity_documents.jsonl"  # one line per finished document, beside the cells
@@ -156,8 +156,7 @@ def run_perplexity(
                 store.add(
                     {
                         "method": m.label,
-                        "scaling": m.method,
-                        "factor": m.factor,
+                        **scaling_fields(model, m),
                         "length": n,
                         "perplexity": math.exp(total_nll / tokens),
                         "nll": total_nll / tokens,
