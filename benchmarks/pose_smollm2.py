@@ -17,10 +17,12 @@
 5. OUT/results.json and OUT/table.md.
 
 Every part resumes: rerun the command and finished steps and cells are read from disk.
-Precision: float32 throughout (``FULL["dtype"]``). bfloat16 runs ~7× faster than float32 on CPUs
-with AMX and ~8× slower on CPUs without bf16 units (this machine in one session: an AMD EPYC,
-``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` False); one precision for every session keeps
-the run resumable and the rows comparable.
+Precision: training and perplexity in float32 (``FULL["dtype"]``), passkey in bfloat16
+(``FULL["passkey_dtype"]``, generation as a GPU serves it; angles stay float32). bfloat16 runs
+~3× faster than float32 on CPUs with AMX (a SmolLM2 16k forward on one Xeon core: 78 s) and
+~8× slower on CPUs without bf16 units (an AMD EPYC in one session,
+``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` False): the passkey part refuses to start
+there. The precision is part of each cell's settings, so a row never mixes the two.
 ``--smoke`` runs the same pipeline at a pretended original context of 256 (target 1024) in a
 few minutes (its numbers mean nothing).
 
@@ -64,7 +66,8 @@ FULL = {
     "samples": 3,
     "passkey_lengths": "16384,32768",
     "trials": 30,
-    "dtype": "float32",  # see the module doc
+    "dtype": "float32",  # training and perplexity; see the module doc
+    "passkey_dtype": "bfloat16",  # generation as served; see the module doc
 }
 SMOKE = {
     **FULL,
@@ -184,12 +187,19 @@ UNTRAINED_PASSKEY = Path("benchmarks/results/tune_smollm2/passkey-independent")
 
 
 def passkey(args, plan: dict, output: Path, model: Path) -> None:
+    dtype = plan["passkey_dtype"]
+    if dtype == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        raise SystemExit(
+            "passkey: bfloat16 on a CPU without AMX or avx512_bf16 runs ~45x slower than float32 "
+            "(see the module doc); run this part on a CPU that has them"
+        )
     for key, name, methods, lengths in rows(args, plan, model, "passkey_lengths")[:1]:
-        yarnlib(
-            "eval", "passkey", "--model", name, "--methods", methods, "--lengths", lengths,
-            "--trials", str(plan["trials"]), "--haystack", "classic", "--dtype", plan["dtype"],
-            "--output", str(output / f"passkey-{key}"), "--resume",
-        )  # fmt: skip
+        for length in sorted(lengths.split(","), key=int, reverse=True):  # the target first
+            yarnlib(
+                "eval", "passkey", "--model", name, "--methods", methods, "--lengths", length,
+                "--trials", str(plan["trials"]), "--haystack", "classic", "--dtype", dtype,
+                "--output", str(output / f"passkey-{key}"), "--resume",
+            )  # fmt: skip
 
 
 def cells(folder: Path, kind: str) -> list[dict]:
