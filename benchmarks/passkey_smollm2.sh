@@ -11,6 +11,8 @@
 # finished prompts are taken from OUT (cells.jsonl, passkey_trials.jsonl). One prompt per
 # invocation (--max-trials 1: the depth bin with the fewest finished prompts first), the rows
 # taking turns, so that a run cut short compares the rows evenly at the longest length first.
+# At the end one --report over all the rows writes OUT/passkey.json with every row (run that line
+# alone for the state of a run cut short).
 #   nohup nice -n 10 bash benchmarks/passkey_smollm2.sh > /tmp/passkey_smollm2.log 2>&1 &
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,3 +38,12 @@ for length in $LENGTHS; do
         done
     done
 done
+# passkey.json of every row (each invocation above names one row: its file holds that spec row only)
+methods=() specs=()
+for row in $ROWS; do
+    if [[ $row == *.json ]]; then specs+=("$row"); else methods+=("$row"); fi
+done
+joined=$(IFS=,; echo "${methods[*]}")
+.venv/bin/yarnlib eval passkey --model smollm2 --methods "$joined" ${specs[@]:+--spec "${specs[@]}"} \
+    --lengths "${LENGTHS// /,}" --trials "$TRIALS" --haystack classic --dtype "$DTYPE" \
+    --output "$OUT" --report

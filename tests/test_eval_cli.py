@@ -287,3 +287,48 @@ def test_negative_distractors_name_the_option(model_dir, tmp_path, no_weights, c
             "--output", str(tmp_path)]  # fmt: skip
     assert main(args) == 2
     assert "distractors must be an integer in [0, " in capsys.readouterr().err
+
+
+def test_report_writes_every_finished_row_and_computes_nothing(
+    model_dir, data_dir, tmp_path, capsys, monkeypatch
+):
+    """Spec rows run one per invocation (benchmarks/passkey_smollm2.sh) leave passkey.json with
+    the last invocation's spec row only; ``--report`` naming them all writes all their finished
+    cells, loads no weights and leaves the cells files as they were (no --resume needed)."""
+    native = check_methods(load_config(str(model_dir)), parse_methods("none"))
+    yarn = native.replace(method="yarn", factor=2.0)
+    specs = [write_spec_file(tmp_path / f"{name}.json", yarn.replace(beta_fast=b))
+             for name, b in (("a", 16.0), ("b", 64.0))]  # fmt: skip
+    ppl_out = tmp_path / "ppl"
+    assert ppl(model_dir, data_dir, ppl_out, "--max-cells", "1") == 0
+    before = (ppl_out / "cells.jsonl").read_bytes()
+    out = tmp_path / "pk"
+    common = ["eval", "passkey", "--model", str(model_dir), "--lengths", "200", "--depths",
+              "0.2,0.8", "--trials", "1", "--max-new-tokens", "3", "--layout", "classic",
+              "--output", str(out)]  # fmt: skip
+    for spec in specs:
+        assert main([*common, "--methods", "yarn:2", "--spec", str(spec), "--resume"]) == 0
+    last = {c["method"] for c in json.loads((out / "passkey.json").read_text())["cells"]}
+    assert last == {"yarn:2", "spec:b"}
+    kept = {f: (out / f).read_bytes() for f in ("cells.jsonl", "passkey_trials.jsonl")}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("--report loaded weights")
+
+    monkeypatch.setattr(eval_cli, "load_model", refuse)
+    report = [*common, "--methods", "yarn:2", "--spec", *map(str, specs), "--report"]
+    report[report.index("200")] = "200,300"  # 300 was never run
+    capsys.readouterr()
+    assert main(report) == 0
+    said = capsys.readouterr().out
+    assert "computed 0 cells" in said and "stopped with 6 of 12 cells done" in said
+    result = json.loads((out / "passkey.json").read_text())["cells"]
+    assert sorted((c["method"], c["depth"]) for c in result) == [
+        (m, d) for m in ("spec:a", "spec:b", "yarn:2") for d in (0.2, 0.8)
+    ]
+    assert {f: (out / f).read_bytes() for f in kept} == kept
+
+    assert ppl(model_dir, data_dir, ppl_out, "--report") == 0
+    done = json.loads((ppl_out / "perplexity.json").read_text())["cells"]
+    assert [(c["method"], c["length"]) for c in done] == [("none", 128), ("none", 384)]
+    assert (ppl_out / "cells.jsonl").read_bytes() == before

@@ -57,6 +57,7 @@ def prepare(args, lengths):
     """Validate the model and the methods from the config alone; returns (methods, original)."""
     if args.dtype not in DTYPES:
         raise ValueError(f"dtype: {args.dtype!r}; allowed: {', '.join(DTYPES)}")
+    args.resume = args.resume or args.report  # a report reads the cells; never starts afresh
     only_specs = args.spec and not args.methods.strip()  # --methods '' --spec FILE: those rows only
     methods = [] if only_specs else parse_methods(args.methods, args.factor)
     native = check_methods(load_config(args.model), methods)
@@ -158,7 +159,7 @@ def run_perplexity_cli(args) -> int:
         args.output, ("method", "length"), keyed, args.resume, row_settings=row_settings(methods)
     )
     computed = []
-    if not store.complete(methods, lengths):
+    if not (args.report or store.complete(methods, lengths)):
         document_store = CellStore(
             args.output, ("method", "document", "forward_length"), keyed, args.resume,
             DOCUMENTS, row_settings(methods),
@@ -229,7 +230,7 @@ def run_passkey_cli(args) -> int:
     rows = row_settings(methods)
     store = CellStore(args.output, keys, settings(args, *fields), args.resume, row_settings=rows)
     computed = []
-    if not store.complete(methods, lengths, depths):
+    if not (args.report or store.complete(methods, lengths, depths)):
         trial_store = CellStore(
             args.output, (*keys, "trial"), store.settings, args.resume, TRIALS, rows
         )
@@ -301,6 +302,10 @@ def common(parser, lengths: str, output: str) -> None:
     parser.add_argument("--lengths", default=lengths, help="comma-separated token lengths")
     parser.add_argument("--output", default=output, help="folder for every result file")
     parser.add_argument("--resume", action="store_true", help="skip cells already in the JSONL")
+    parser.add_argument(
+        "--report", action="store_true", help="compute nothing: write the result files from "
+        "the finished cells in --output for these rows (a long run's state; implies --resume)",
+    )  # fmt: skip
     parser.add_argument("--max-cells", type=int, help="stop after this many new cells")
     parser.add_argument("--dtype", default="float32", help=", ".join(DTYPES))
 
