@@ -1,4 +1,4 @@
-"""Issue 28: SmolLM2-135M (8k) to 32k with YaRN ×4 and PoSE, trained on 2k-token rows on CPU.
+"""Issue 28: SmolLM2-135M (8k) to 32k (and 64k) with YaRN and PoSE, trained on 2k-token rows on CPU.
 
 1. train: ``yarnlib finetune --pose --target-length 32768 --seq-len 2048`` with LoRA (q, k, v, o)
    on the packaged plays that are not held out (benchmarks/tune_smollm2.py
@@ -23,6 +23,8 @@ Precision: training and perplexity in float32 (``FULL["dtype"]``), passkey in bf
 ~8× slower on CPUs without bf16 units (an AMD EPYC in one session,
 ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` False): the passkey part refuses to start
 there. The precision is part of each cell's settings, so a row never mixes the two.
+``--target 65536``: the same at ×8 into OUT_64k, in bfloat16 throughout (``EIGHT``), both
+rows' passkey at 32k and 64k measured here (a CPU with AMX: ~15–20 min a 64k prompt on one core).
 ``--smoke`` runs the same pipeline at a pretended original context of 256 (target 1024) in a
 few minutes (its numbers mean nothing).
 
@@ -68,6 +70,18 @@ FULL = {
     "trials": 30,
     "dtype": "float32",  # training and perplexity; see the module doc
     "passkey_dtype": "bfloat16",  # generation as served; see the module doc
+    # the untrained row's passkey: issue 29's run of the same prompts (see UNTRAINED_PASSKEY)
+    "untrained_passkey": "benchmarks/results/tune_smollm2/passkey-independent",
+}
+# 8x (64k): bfloat16 throughout (training under autocast, perplexity, passkey), since a 64k
+# float32 forward is hours on a CPU core; every row of its table is measured here, in bfloat16.
+EIGHT = {
+    **FULL,
+    "target": 65536,
+    "ppl_lengths": "2048,8192,65536",
+    "passkey_lengths": "32768,65536",
+    "dtype": "bfloat16",
+    "untrained_passkey": None,
 }
 SMOKE = {
     **FULL,
@@ -80,6 +94,7 @@ SMOKE = {
     "native_lengths": "256",
     "samples": 1,
     "passkey_lengths": "1024",
+    "untrained_passkey": None,
     "trials": 3,  # one per depth bin
 }
 
@@ -181,19 +196,22 @@ def perplexity(args, plan: dict, data: Path, output: Path, model: Path) -> None:
         )  # fmt: skip
 
 
-# The untrained yarn:4 row's prompts are issue 29's (benchmarks/passkey_smollm2.sh: the same
-# seed, trials, filler and precision, so the same prompts): run there once, read here.
-UNTRAINED_PASSKEY = Path("benchmarks/results/tune_smollm2/passkey-independent")
+def require_bf16_units(part: str, dtype: str) -> None:
+    if dtype == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        raise SystemExit(
+            f"{part}: bfloat16 on a CPU without AMX or avx512_bf16 runs ~45x slower than float32 "
+            "(see the module doc); run this part on a CPU that has them"
+        )
 
 
 def passkey(args, plan: dict, output: Path, model: Path) -> None:
+    """The PoSE model's prompts; the untrained row's too unless plan["untrained_passkey"] names
+    issue 29's run of the same prompts (benchmarks/passkey_smollm2.sh: the same seed, trials,
+    filler and precision), which is read instead of computed twice."""
     dtype = plan["passkey_dtype"]
-    if dtype == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        raise SystemExit(
-            "passkey: bfloat16 on a CPU without AMX or avx512_bf16 runs ~45x slower than float32 "
-            "(see the module doc); run this part on a CPU that has them"
-        )
-    for key, name, methods, lengths in rows(args, plan, model, "passkey_lengths")[:1]:
+    require_bf16_units("passkey", dtype)
+    runs = rows(args, plan, model, "passkey_lengths")
+    for key, name, methods, lengths in runs[:1] if plan["untrained_passkey"] else runs:
         for length in sorted(lengths.split(","), key=int, reverse=True):  # the target first
             yarnlib(
                 "eval", "passkey", "--model", name, "--methods", methods, "--lengths", length,
@@ -216,9 +234,9 @@ def table(output: Path, plan: dict) -> dict:
     for name, key in names.items():
         ppl = {c["length"]: math.exp(c["nll"]) for c in cells(output / f"ppl-{key}", "perplexity")}
         found = cells(output / f"passkey-{key}", "passkey")
-        if key == "base" and not plan["original"]:
+        if key == "base" and plan["untrained_passkey"]:
             lengths = {int(n) for n in plan["passkey_lengths"].split(",")}
-            found = [c for c in cells(UNTRAINED_PASSKEY, "passkey")
+            found = [c for c in cells(Path(plan["untrained_passkey"]), "passkey")
                      if c["method"] == f"yarn:{factor:g}" and c["length"] in lengths]  # fmt: skip
         pooled = by_length(found)
         result[name] = {"perplexity": ppl, "passkey": {r["length"]: r for r in pooled}}
@@ -244,7 +262,9 @@ def markdown(found: dict, plan: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--output", default="benchmarks/results/pose_smollm2")
+    p.add_argument("--target", type=int, choices=(32768, 65536), default=32768,
+                   help="yarn x4 (the first run) or x8, bfloat16 throughout")  # fmt: skip
+    p.add_argument("--output", help="default benchmarks/results/pose_smollm2[_64k]")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--data", default=str(DEFAULT_DATASET))
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
@@ -256,8 +276,11 @@ def main(argv: list[str] | None = None) -> None:
     if not set(parts) <= set(PARTS):
         raise SystemExit(f"parts: {args.parts!r}; allowed: {', '.join(PARTS)}")
     torch.set_num_threads(args.threads)
-    plan = dict(SMOKE if args.smoke else FULL)
-    output, data = Path(args.output), Path(args.data)
+    plan = dict(SMOKE if args.smoke else EIGHT if args.target == 65536 else FULL)
+    require_bf16_units("plan", plan["dtype"])
+    suffix = "_64k" if args.target == 65536 else ""
+    output = Path(args.output or f"benchmarks/results/pose_smollm2{suffix}")
+    data = Path(args.data)
     output.mkdir(parents=True, exist_ok=True)
     model = train(args, plan, data, output) if "train" in parts else None
     if model is None and (output / "adapter").is_dir():
