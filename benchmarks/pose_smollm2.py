@@ -23,6 +23,9 @@ Precision: training and perplexity in float32 (``FULL["dtype"]``), passkey in bf
 ~8× slower on CPUs without bf16 units (an AMD EPYC in one session,
 ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` False): the passkey part refuses to start
 there. The precision is part of each cell's settings, so a row never mixes the two.
+``--parts control`` (not in the default parts): the same LoRA run without scaling or PoSE into
+OUT/control, its perplexity at 2k/8k (OUT/ppl-control): how much of the trained model's gain
+inside the original window comes from the plays rather than from the scaling.
 ``--target 65536``: the same at ×8 into OUT_64k, in bfloat16 throughout (``EIGHT``), both
 rows' passkey at 32k and 64k measured here (a CPU with AMX: ~15–20 min a 64k prompt on one core).
 ``--smoke`` runs the same pipeline at a pretended original context of 256 (target 1024) in a
@@ -51,7 +54,7 @@ from yarnlib.finetune import checkpoint
 from yarnlib.spec import RopeScaling
 from yarnlib.spec_file import read_spec_file, write_json, write_spec_file
 
-PARTS = ("train", "ppl", "passkey")
+PARTS = ("train", "ppl", "passkey", "control")
 FULL = {
     "original": None,  # SmolLM2's 8192
     "target": 32768,
@@ -105,12 +108,16 @@ def yarnlib(*argv: str) -> None:
         raise SystemExit(f"yarnlib {' '.join(argv)}: exit {code}")
 
 
-def train_argv(args, plan: dict, data: Path, train_dir: Path) -> list[str]:
+def train_argv(args, plan: dict, data: Path, train_dir: Path, control: bool = False) -> list[str]:
+    """The PoSE run; ``control``: the same LoRA run on the same rows without scaling or PoSE."""
     plays = sorted(p for p in data.glob("*.txt") if p.stem not in HELD_OUT)
+    scaling = ["--method", "none"] if control else [
+        "--method", "yarn", "--pose", "--target-length", str(plan["target"]),
+        "--pose-chunks", str(plan["chunks"]),
+    ]  # fmt: skip
     argv = [
-        "finetune", "--model", args.model, "--method", "yarn", "--pose",
-        "--target-length", str(plan["target"]), "--seq-len", str(plan["window"]),
-        "--pose-chunks", str(plan["chunks"]), "--dataset", *map(str, plays),
+        "finetune", "--model", args.model, *scaling, "--seq-len", str(plan["window"]),
+        "--dataset", *map(str, plays),
         "--lora", "--lora-rank", str(plan["lora_rank"]), "--mixed-precision",
         "bf16" if plan["dtype"] == "bfloat16" else "no",
         "--steps", str(plan["steps"]), "--grad-accum", str(plan["grad_accum"]),
@@ -129,12 +136,12 @@ def train_argv(args, plan: dict, data: Path, train_dir: Path) -> list[str]:
     return argv
 
 
-def train(args, plan: dict, data: Path, output: Path) -> Path | None:
+def train(args, plan: dict, data: Path, output: Path, control: bool = False) -> Path | None:
     """The merged model folder, or None while the run is unfinished."""
     train_dir = output / "train"
     adapter, spec_path = output / "adapter", output / "spec.json"
     if not (adapter / "adapter_model.safetensors").is_file():
-        argv = train_argv(args, plan, data, train_dir)
+        argv = train_argv(args, plan, data, train_dir, control)
         if args.stop_after and checkpoint.completed(train_dir):
             done = int(checkpoint.completed(train_dir)[-1].name.split("-")[1])
             if done >= args.stop_after:
@@ -162,8 +169,10 @@ def merged(args, adapter: Path, spec_path: Path, folder: Path) -> Path:
 
     spec = read_spec_file(spec_path)
     base = AutoModelForCausalLM.from_pretrained(resolve(args.model), dtype=torch.float32)
-    yl.patch(base, method=spec.method, factor=spec.factor,
-             original_max_position_embeddings=spec.original_max_position_embeddings)  # fmt: skip
+    if spec.method != "none":  # the control run trains the model unscaled
+        original = spec.original_max_position_embeddings
+        yl.patch(base, method=spec.method, factor=spec.factor,
+                 original_max_position_embeddings=original)  # fmt: skip
     model = PeftModel.from_pretrained(base, adapter).merge_and_unload()
     staging = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
@@ -194,6 +203,22 @@ def perplexity(args, plan: dict, data: Path, output: Path, model: Path) -> None:
             "--dataset", *held_out, "--samples", str(plan["samples"]), "--dtype", plan["dtype"],
             "--output", str(output / f"ppl-{key}"), "--resume",
         )  # fmt: skip
+
+
+def control(args, plan: dict, data: Path, output: Path) -> None:
+    """How much of PoSE's gain inside the original window is the plays rather than the scaling:
+    the same LoRA run on the same rows, unscaled, its perplexity at the native lengths."""
+    model = train(args, plan, data, output / "control", control=True)
+    if model is None:
+        print("control training unfinished: rerun the same command to continue")
+        return
+    yarnlib(
+        "eval", "perplexity", "--model", str(model), "--methods", "none",
+        "--lengths", plan["native_lengths"],
+        "--dataset", *(str(data / f"{p}.txt") for p in HELD_OUT),
+        "--samples", str(plan["samples"]), "--dtype", plan["dtype"],
+        "--output", str(output / "ppl-control"), "--resume",
+    )  # fmt: skip
 
 
 def require_bf16_units(part: str, dtype: str) -> None:
@@ -229,7 +254,8 @@ def table(output: Path, plan: dict) -> dict:
     """Rows: PoSE-trained, untrained yarn, native; perplexity per length, passkey per length
     with its interval."""
     factor = plan["target"] / (plan["original"] or 8192)
-    names = {"pose (trained)": "pose", f"yarn:{factor:g} (untrained)": "base", "native": "native"}
+    names = {"pose (trained)": "pose", f"yarn:{factor:g} (untrained)": "base", "native": "native",
+             "LoRA without scaling (control)": "control"}  # fmt: skip
     result = {}
     for name, key in names.items():
         ppl = {c["length"]: math.exp(c["nll"]) for c in cells(output / f"ppl-{key}", "perplexity")}
@@ -267,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--output", help="default benchmarks/results/pose_smollm2[_64k]")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--data", default=str(DEFAULT_DATASET))
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
+    p.add_argument("--parts", default="train,ppl,passkey", help=f"comma list of {', '.join(PARTS)}")
     p.add_argument("--stop-after", type=int, help="end this session's training at step N")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--smoke", action="store_true", help="the pipeline at L=256, N=1024")
@@ -282,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
     output = Path(args.output or f"benchmarks/results/pose_smollm2{suffix}")
     data = Path(args.data)
     output.mkdir(parents=True, exist_ok=True)
+    if "control" in parts:
+        control(args, plan, data, output)
     model = train(args, plan, data, output) if "train" in parts else None
     if model is None and (output / "adapter").is_dir():
         model = merged(args, output / "adapter", output / "spec.json", output / "train" / "model")
