@@ -1,6 +1,7 @@
 """The ``yarnlib eval`` commands end to end on a tiny model: outputs, resume, bad input."""
 
 import json
+import shutil
 import signal
 from itertools import pairwise
 
@@ -10,7 +11,7 @@ from test_eval_support import corpus_text, text_dataset, tiny_folder
 import yarnlib.eval.cli as eval_cli
 from yarnlib.cli import main
 from yarnlib.eval.methods import check_methods, parse_methods
-from yarnlib.eval.store import CellStore
+from yarnlib.eval.store import CellStore, settings_id
 from yarnlib.models import load_config
 from yarnlib.spec_file import write_spec_file
 
@@ -151,6 +152,35 @@ def test_a_changed_document_is_measured_again(model_dir, tmp_path, capsys):
     assert main([*args, "--output", str(tmp_path / "fresh")]) == 0
     resumed, fresh = (cells(tmp_path / d)[-1]["nll"] for d in ("out", "fresh"))
     assert resumed == fresh
+
+
+def test_the_same_text_under_another_path_is_not_measured_again(model_dir, tmp_path, capsys):
+    """Cells are keyed on the tokens: a clone elsewhere resumes its folder. Cells (and finished
+    documents) written while the dataset's paths were in the key (an alias) still count."""
+    data = text_dataset(tmp_path / "data", {"a": 600, "b": 500})
+    moved = shutil.copytree(data, tmp_path / "elsewhere")
+    out = tmp_path / "out"
+
+    def run(folder, *extra):
+        capsys.readouterr()
+        assert main(["eval", "perplexity", "--model", str(model_dir), "--dataset", str(folder),
+                     "--methods", "none,yarn:2", "--lengths", "128,384", "--samples", "2",
+                     "--output", str(out), "--resume", *extra]) == 0  # fmt: skip
+        return capsys.readouterr().out
+
+    assert "computed 4 cells" in run(data)
+    assert "computed 0 cells" in run(moved)
+    result = json.loads((out / "perplexity.json").read_text())
+    assert result["dataset"] == [str(moved)] and "dataset" not in result["settings"]
+    keyed = result["settings"]
+    old_id = settings_id({**keyed, "dataset": [str(data)]})
+    for name in ("cells.jsonl", "perplexity_documents.jsonl"):
+        lines = [json.loads(x) for x in (out / name).read_text().splitlines()]
+        assert {r["settings_id"] for r in lines} == {settings_id(keyed)}
+        (out / name).write_text("".join(json.dumps({**r, "settings_id": old_id}) + "\n"
+                                        for r in lines))  # fmt: skip
+    assert "computed 0 cells" in run(data)
+    assert "computed 4 cells" in run(moved)  # the old key names `data`'s paths
 
 
 def test_fewer_long_documents_than_samples_are_said(model_dir, tmp_path, capsys):

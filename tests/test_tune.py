@@ -5,6 +5,7 @@ the proxy's ranking report holds the numbers of its trials."""
 import copy
 import json
 import math
+import shutil
 import signal
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import yarnlib
 from yarnlib.cli import main
-from yarnlib.eval.store import CellStore
+from yarnlib.eval.store import CellStore, settings_id
 from yarnlib.spec import RopeScaling
 from yarnlib.spec_file import read_spec_file, write_spec_file
 from yarnlib.tune.search import (
@@ -509,3 +510,29 @@ def test_repaired_caps_and_floors_exactly():
     assert repaired([0.5, 0.25, 2.0, 1.5], 1.0) == (1.0, 1.0, 2.0, 2.0)
     assert repaired([1.0, 2.0], 3.0) == (1.0, 3.0)
     assert repaired([1.23456789, 2.5], 2.0) == (1.23457, 2.5)
+
+
+def test_the_same_text_under_another_path_is_not_searched_again(model_dir, tmp_path, capsys):
+    """Trials are keyed on the calibration tokens: a clone elsewhere resumes its folder. A trial
+    written while the dataset's paths were in the key (an alias) still counts."""
+    data = text_dataset(tmp_path / "data", {"a": 1500})
+    out = tmp_path / "out"
+    assert tune(model_dir, data, out, 2, "--space", "yarn") == 0
+    moved = shutil.copytree(data, tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert tune(model_dir, moved, out, 2, "--space", "yarn") == 0
+    assert "(0 computed now)" in capsys.readouterr().out
+    # the key as it was: the same settings with the dataset's paths
+    final = json.loads((out / "final.json").read_text())["settings"]
+    keyed = {k: final[k] for k in ("model", "dtype", "target_length", "text_column", "samples",
+                                   "original_max_position_embeddings", "calibration")}  # fmt: skip
+    old_id = settings_id({**keyed, "dataset": [str(data)]})
+    lines = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert {r["settings_id"] for r in lines} == {settings_id(keyed)}
+    (out / "trials.jsonl").write_text(
+        "".join(json.dumps({**r, "settings_id": old_id}) + "\n" for r in lines)
+    )
+    assert tune(model_dir, data, out, 2, "--space", "yarn") == 0
+    assert "(0 computed now)" in capsys.readouterr().out
+    assert tune(model_dir, moved, out, 2, "--space", "yarn") == 0  # the old key names `data`
+    assert "(2 computed now)" in capsys.readouterr().out

@@ -152,17 +152,21 @@ def run_perplexity_cli(args) -> int:
     tokens = [torch.tensor(tokenizer(text)["input_ids"]) for _, text in docs]
     chosen, skipped = select_samples([len(t) for t in tokens], lengths, args.samples)
     warn_fewer_samples(args.samples, {n: len(c) for n, c in chosen.items()})
-    fields = ("dataset", "text_column", "split", "samples", "window", "stride")
-    # cells are keyed on the tokens: a file changed at the same path is measured again
+    fields = ("text_column", "split", "samples", "window", "stride")
+    # Cells are keyed on the tokens, not the files' paths: a file changed at the same path is
+    # measured again, the same text under another path (a clone elsewhere) is not. Cells
+    # written while the paths were part of the key still count (alias).
     keyed = {**settings(args, *fields), "tokens": content_id(tokens)}
+    by_path = ({**keyed, "dataset": args.dataset},)
+    rows = row_settings(methods)
     store = CellStore(
-        args.output, ("method", "length"), keyed, args.resume, row_settings=row_settings(methods)
+        args.output, ("method", "length"), keyed, args.resume, row_settings=rows, aliases=by_path
     )
     computed = []
     if not (args.report or store.complete(methods, lengths)):
         document_store = CellStore(
             args.output, ("method", "document", "forward_length"), keyed, args.resume,
-            DOCUMENTS, row_settings(methods),
+            DOCUMENTS, rows, aliases=by_path,
         )  # fmt: skip
         model, _ = load_model(args.model, DTYPES[args.dtype])
         model.to(run_device())
@@ -172,7 +176,8 @@ def run_perplexity_cli(args) -> int:
         )  # fmt: skip
     records = list(store.done.values())
     names = {n: [docs[d][0] for d in chosen[n]] for n in lengths}
-    finish(store, "perplexity", computed, len(methods) * len(lengths), {"documents": names})
+    extra = {"dataset": args.dataset, "documents": names}
+    finish(store, "perplexity", computed, len(methods) * len(lengths), extra)
     print(table(records, count="samples"))
     if records:
         draw(plot_perplexity, records, original, Path(args.output) / "perplexity.png", args.model)

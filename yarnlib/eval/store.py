@@ -43,10 +43,13 @@ class CellStore:
         filename: str = CELLS,
         row_settings: dict[str, dict] | None = None,
         required: tuple[str, ...] = (),
+        aliases: tuple[dict, ...] = (),
     ):
         """``row_settings``: what else makes one method's cells comparable (a spec file's
         content, by row label): an edited file recomputes its own row, not the others.
-        ``required``: the fields a stored record must hold besides its key (what is read back)."""
+        ``required``: the fields a stored record must hold besides its key (what is read back).
+        ``aliases``: earlier compositions of ``settings`` (with a field since dropped from the
+        key) whose records still count: results written before stay resumable."""
         self.output = Path(output)
         self.path = self.output / filename
         try:
@@ -63,8 +66,8 @@ class CellStore:
         self.required = required
         self.settings = settings
         self.row_settings = row_settings or {}
-        self.ids = {m: settings_id({**settings, "row": r}) for m, r in self.row_settings.items()}
-        self.id = settings_id(settings)
+        self.id, self.ids = self._ids(settings)
+        self.alias_ids = [self._ids(a) for a in aliases]
         self.done: dict[tuple, dict] = {}
         self.cut_short = False  # the last line lacks its newline: a kill during an append
         if resume and self.path.is_file():
@@ -76,7 +79,7 @@ class CellStore:
                 except json.JSONDecodeError:  # a line cut short by a kill
                     continue
                 self._check(record, number)
-                if record["settings_id"] == self.id_of(record):
+                if record["settings_id"] in self.ids_of(record):
                     self.done[self.key(record)] = record
         else:
             atomic.write_text(self.path, "")  # a fresh run starts a fresh file
@@ -92,8 +95,18 @@ class CellStore:
                 "line, or run without --resume to start over"
             )
 
+    def _ids(self, settings: dict) -> tuple[str, dict[str, str]]:
+        """The id of ``settings`` and of each spec row under it."""
+        rows = {m: settings_id({**settings, "row": r}) for m, r in self.row_settings.items()}
+        return settings_id(settings), rows
+
     def id_of(self, record: dict) -> str:
         return self.ids.get(record.get("method"), self.id)
+
+    def ids_of(self, record: dict) -> set[str]:
+        """The ids under which a stored record counts: the current one and its aliases'."""
+        method = record.get("method")
+        return {self.id_of(record), *(rows.get(method, base) for base, rows in self.alias_ids)}
 
     def key(self, record: dict) -> tuple:
         return tuple(record[f] for f in self.key_fields)

@@ -143,7 +143,6 @@ def run(args) -> int:
         "dtype": args.dtype,
         "target_length": args.target_length,
         "original_max_position_embeddings": original,
-        "dataset": args.dataset,
         "text_column": args.text_column,
         "samples": args.samples,
     }
@@ -153,9 +152,15 @@ def run(args) -> int:
     calibration = samples_of(
         "dataset", args.dataset, tokenizer, args.text_column, length, args.samples
     )
-    # trials are keyed on the calibration tokens: an edited file is searched again, not reused
+    # Trials are keyed on the calibration tokens, not the files' paths: an edited file is
+    # searched again, the same text under another path (a clone elsewhere) is not. Trials
+    # written while the paths were part of the key still count (alias).
     settings["calibration"] = content_id(calibration)
-    store = CellStore(output, ("key",), settings, resume=True, filename=TRIALS, required=READ_BACK)
+    by_path = ({**settings, "dataset": args.dataset},)
+    store = CellStore(
+        output, ("key",), settings, resume=True, filename=TRIALS, required=READ_BACK,
+        aliases=by_path,
+    )  # fmt: skip
     held_out = None
     if args.held_out:
         held_out = samples_of(
@@ -193,7 +198,8 @@ def run(args) -> int:
     held_out_scores = {}  # by trial key: the start is often a space's best too
     final = {
         "settings": {
-            **settings, "budget": args.budget, "seed": args.seed, "space": args.space,
+            **settings, "dataset": args.dataset, "budget": args.budget, "seed": args.seed,
+            "space": args.space,
             "proxy_length": args.proxy_length, "confirm": args.confirm,
             "slow_in_range": args.slow_in_range, "objective": args.objective,
         },
