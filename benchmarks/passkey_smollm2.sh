@@ -38,7 +38,7 @@ for length in $LENGTHS; do
         done
     done
 done
-# passkey.json of every row (each invocation above names one row: its file holds that spec row only)
+# passkey.json of every row (each invocation above names one row: its file holds that row only)
 methods=() specs=()
 for row in $ROWS; do
     if [[ $row == *.json ]]; then specs+=("$row"); else methods+=("$row"); fi

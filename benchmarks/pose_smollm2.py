@@ -250,7 +250,7 @@ def cells(folder: Path, kind: str) -> list[dict]:
     return json.loads(path.read_text())["cells"] if path.is_file() else []
 
 
-def table(output: Path, plan: dict) -> dict:
+def table(args, output: Path, plan: dict) -> dict:
     """Rows: PoSE-trained, untrained yarn, native; perplexity per length, passkey per length
     with its interval."""
     factor = plan["target"] / (plan["original"] or 8192)
@@ -261,9 +261,15 @@ def table(output: Path, plan: dict) -> dict:
         ppl = {c["length"]: math.exp(c["nll"]) for c in cells(output / f"ppl-{key}", "perplexity")}
         found = cells(output / f"passkey-{key}", "passkey")
         if key == "base" and plan["untrained_passkey"]:
-            lengths = {int(n) for n in plan["passkey_lengths"].split(",")}
-            found = [c for c in cells(Path(plan["untrained_passkey"]), "passkey")
-                     if c["method"] == f"yarn:{factor:g}" and c["length"] in lengths]  # fmt: skip
+            # that folder's passkey.json names the rows of its last run: ask for this one
+            folder = Path(plan["untrained_passkey"])
+            yarnlib(
+                "eval", "passkey", "--model", args.model, "--methods", f"yarn:{factor:g}",
+                "--lengths", plan["passkey_lengths"], "--trials", str(plan["trials"]),
+                "--haystack", "classic", "--dtype", plan["passkey_dtype"],
+                "--output", str(folder), "--report",
+            )  # fmt: skip
+            found = cells(folder, "passkey")
         pooled = by_length(found)
         result[name] = {"perplexity": ppl, "passkey": {r["length"]: r for r in pooled}}
     return result
@@ -320,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         perplexity(args, plan, data, output, model)
     if "passkey" in parts:
         passkey(args, plan, output, model)
-    found = table(output, plan)
+    found = table(args, output, plan)
     write_json(output / "results.json", {"plan": plan, "smoke": args.smoke, "rows": found})
     text = markdown(found, plan)
     (output / "table.md").write_text(text)

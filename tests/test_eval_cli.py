@@ -340,6 +340,11 @@ def test_report_writes_every_finished_row_and_computes_nothing(
         assert main([*common, "--methods", "yarn:2", "--spec", str(spec), "--resume"]) == 0
     last = {c["method"] for c in json.loads((out / "passkey.json").read_text())["cells"]}
     assert last == {"yarn:2", "spec:b"}
+    # the results name the rows asked for, method rows as spec rows (yarn:2 is in the folder)
+    assert main([*common, "--methods", "", "--spec", str(specs[0]), "--resume"]) == 0
+    assert {c["method"] for c in json.loads((out / "passkey.json").read_text())["cells"]} == {
+        "spec:a"
+    }
     kept = {f: (out / f).read_bytes() for f in ("cells.jsonl", "passkey_trials.jsonl")}
 
     def refuse(*args, **kwargs):
@@ -362,3 +367,8 @@ def test_report_writes_every_finished_row_and_computes_nothing(
     done = json.loads((ppl_out / "perplexity.json").read_text())["cells"]
     assert [(c["method"], c["length"]) for c in done] == [("none", 128), ("none", 384)]
     assert (ppl_out / "cells.jsonl").read_bytes() == before
+    args = ["eval", "perplexity", "--model", str(model_dir), "--dataset", str(data_dir),
+            "--methods", "yarn:2", "--lengths", "128", "--samples", "2", "--output", str(ppl_out),
+            "--report"]  # fmt: skip
+    assert main(args) == 0  # none is finished in the folder, not asked for
+    assert json.loads((ppl_out / "perplexity.json").read_text())["cells"] == []

@@ -11,7 +11,7 @@ from yarnlib.cli import main
 from yarnlib.eval import passkey
 from yarnlib.eval.methods import parse_methods
 from yarnlib.eval.passkey import Independent, by_length, cut, load_haystack
-from yarnlib.eval.stats import wilson
+from yarnlib.eval.stats import mcnemar_exact, wilson
 from yarnlib.eval.store import CellStore
 
 
@@ -42,6 +42,22 @@ def test_wilson_against_hand_computed_bounds(successes, trials, low, high):
 def test_wilson_refuses_impossible_counts(successes, trials):
     with pytest.raises(ValueError, match="successes/trials"):
         wilson(successes, trials)
+
+
+@pytest.mark.parametrize(
+    "only_a,only_b,p",
+    # by hand: 2 * P(X <= min) for X ~ Binomial(only_a + only_b, 1/2), capped at 1:
+    # 7/0: 2/2^7; 10/3: 2 * (1 + 13 + 78 + 286) / 2^13; 5/0: 2/2^5
+    [(7, 0, 0.015625), (0, 7, 0.015625), (10, 3, 0.0922851562), (5, 0, 0.0625), (4, 4, 1.0),
+     (1, 0, 1.0), (0, 0, 1.0)],
+)  # fmt: skip
+def test_mcnemar_against_hand_computed_p_values(only_a, only_b, p):
+    assert mcnemar_exact(only_a, only_b) == pytest.approx(p, abs=1e-10)
+
+
+def test_mcnemar_refuses_negative_counts():
+    with pytest.raises(ValueError, match="only_a/only_b: -1/2"):
+        mcnemar_exact(-1, 2)
 
 
 def test_rates_per_length_pool_the_cells():
@@ -201,3 +217,55 @@ def test_max_trials_fills_the_cells_evenly_and_resumes(tok, haystack, tmp_path):
     assert cells.done.keys() == whole.done.keys()
     for key, cell in whole.done.items():
         assert cells.done[key]["answers"] == cell["answers"]
+
+
+def paired_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "passkey_paired.py"
+    loader = importlib.util.spec_from_file_location("passkey_paired", path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
+
+
+def test_two_runs_pair_prompt_by_prompt(model_dir, haystack, tmp_path, capsys):
+    """Two runs with the same seed draw the same prompts, so benchmarks/passkey_paired.py pairs
+    every prompt of one with one of the other; its counts are those of the answers, the none row
+    is named after its folder, and runs in another precision are refused."""
+    folder, _ = haystack
+    for name, method in (("base", "none"), ("scaled", "yarn:2")):
+        args = ["eval", "passkey", "--model", str(model_dir), "--methods", method,
+                "--lengths", "200", "--trials", "4", "--depth-bins", "2", "--haystack",
+                str(folder), "--max-new-tokens", "2", "--output", str(tmp_path / name)]  # fmt: skip
+        assert main(args) == 0
+    # make the random model's answers a known pattern: base right on prompts 0-2, yarn:2 on 2
+    expected = {"both": 1, "only_a": 2, "only_b": 0, "neither": 1}
+    for name, right in (("base", {0, 1, 2}), ("scaled", {2})):
+        path = tmp_path / name / "passkey.json"
+        data = json.loads(path.read_text())
+        answers = [a for cell in data["cells"] for a in cell["answers"]]
+        for i, a in enumerate(sorted(answers, key=lambda a: a["key"])):
+            a["answer"] = a["key"] if i in right else None
+        path.write_text(json.dumps(data))
+    script = paired_script()
+    script.main(
+        [str(tmp_path / "base"), str(tmp_path / "scaled"), "--output", str(tmp_path / "p.json")]
+    )
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert result["rows"]["base"]["200"]["correct"] == 3
+    assert result["rows"]["yarn:2"]["200"]["correct"] == 1
+    (pair,) = result["pairs"]
+    assert (pair["a"], pair["b"], pair["prompts"]) == ("base", "yarn:2", 4)
+    assert {k: pair[k] for k in expected} == expected
+    assert pair["p_mcnemar"] == mcnemar_exact(2, 0) == 0.5
+    assert "only a" in capsys.readouterr().out
+
+    other = tmp_path / "other"
+    other.mkdir()
+    data = json.loads((tmp_path / "scaled" / "passkey.json").read_text())
+    data["settings"]["dtype"] = {"bfloat16": "float32"}.get(data["settings"]["dtype"], "bfloat16")
+    (other / "passkey.json").write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="differ in {'dtype'"):
+        script.main([str(tmp_path / "base"), str(other)])

@@ -158,15 +158,16 @@ def run_perplexity_cli(args) -> int:
     # written while the paths were part of the key still count (alias).
     keyed = {**settings(args, *fields), "tokens": content_id(tokens)}
     by_path = ({**keyed, "dataset": args.dataset},)
-    rows = row_settings(methods)
+    rows, labels = row_settings(methods), tuple(m.label for m in methods)
     store = CellStore(
-        args.output, ("method", "length"), keyed, args.resume, row_settings=rows, aliases=by_path
-    )
+        args.output, ("method", "length"), keyed, args.resume, row_settings=rows,
+        aliases=by_path, labels=labels,
+    )  # fmt: skip
     computed = []
     if not (args.report or store.complete(methods, lengths)):
         document_store = CellStore(
             args.output, ("method", "document", "forward_length"), keyed, args.resume,
-            DOCUMENTS, rows, aliases=by_path,
+            DOCUMENTS, rows, aliases=by_path, labels=labels,
         )  # fmt: skip
         model, _ = load_model(args.model, DTYPES[args.dtype])
         model.to(run_device())
@@ -232,12 +233,14 @@ def run_passkey_cli(args) -> int:
         raise ValueError(f"lengths: {lengths[0]} is shorter than the prompt's {shortest} tokens")
     depths, layout, fields = passkey_layout(args, tokenizer)
     keys = ("method", "length", "depth")
-    rows = row_settings(methods)
-    store = CellStore(args.output, keys, settings(args, *fields), args.resume, row_settings=rows)
+    rows, labels = row_settings(methods), tuple(m.label for m in methods)
+    store = CellStore(
+        args.output, keys, settings(args, *fields), args.resume, row_settings=rows, labels=labels
+    )
     computed = []
     if not (args.report or store.complete(methods, lengths, depths)):
         trial_store = CellStore(
-            args.output, (*keys, "trial"), store.settings, args.resume, TRIALS, rows
+            args.output, (*keys, "trial"), store.settings, args.resume, TRIALS, rows, labels=labels
         )
         model, _ = load_model(args.model, DTYPES[args.dtype])
         model.to(run_device())

@@ -40,3 +40,15 @@ def rate_fields(successes: int, trials: int) -> dict:
 def percent_interval(record: dict) -> str:
     """``93% [78–98]``: a rate and its interval for a table cell."""
     return f"{record['accuracy']:.0%} [{100 * record['ci_low']:.0f}–{100 * record['ci_high']:.0f}]"
+
+
+def mcnemar_exact(only_a: int, only_b: int) -> float:
+    """Two-sided exact McNemar p-value for two rows scored on the same prompts: of the prompts
+    on which they disagree, ``only_a`` were right in row a alone and ``only_b`` in row b alone;
+    under "equally good" each disagreement is a fair coin. Prompts both got right or both
+    missed carry no information on the difference."""
+    if only_a < 0 or only_b < 0:
+        raise ValueError(f"only_a/only_b: {only_a}/{only_b}; allowed: counts >= 0")
+    n, k = only_a + only_b, min(only_a, only_b)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)

@@ -44,12 +44,15 @@ class CellStore:
         row_settings: dict[str, dict] | None = None,
         required: tuple[str, ...] = (),
         aliases: tuple[dict, ...] = (),
+        labels: tuple[str, ...] | None = None,
     ):
         """``row_settings``: what else makes one method's cells comparable (a spec file's
         content, by row label): an edited file recomputes its own row, not the others.
         ``required``: the fields a stored record must hold besides its key (what is read back).
         ``aliases``: earlier compositions of ``settings`` (with a field since dropped from the
-        key) whose records still count: results written before stay resumable."""
+        key) whose records still count: results written before stay resumable.
+        ``labels``: the labels of the rows asked for; other rows' records stay in the file but out
+        of this run's results (a spec row is out anyway unless asked: its id holds the spec)."""
         self.output = Path(output)
         self.path = self.output / filename
         try:
@@ -66,6 +69,7 @@ class CellStore:
         self.required = required
         self.settings = settings
         self.row_settings = row_settings or {}
+        self.labels = labels
         self.id, self.ids = self._ids(settings)
         self.alias_ids = [self._ids(a) for a in aliases]
         self.done: dict[tuple, dict] = {}
@@ -79,6 +83,8 @@ class CellStore:
                 except json.JSONDecodeError:  # a line cut short by a kill
                     continue
                 self._check(record, number)
+                if self.labels is not None and record.get("method") not in self.labels:
+                    continue
                 if record["settings_id"] in self.ids_of(record):
                     self.done[self.key(record)] = record
         else:
