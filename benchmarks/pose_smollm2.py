@@ -73,7 +73,7 @@ FULL = {
     "trials": 30,
     "dtype": "float32",  # training and perplexity; see the module doc
     "passkey_dtype": "bfloat16",  # generation as served; see the module doc
-    # the untrained row's passkey: issue 29's run of the same prompts (see UNTRAINED_PASSKEY)
+    # the untrained row's passkey: issue 29's run of the same prompts (passkey_smollm2.sh)
     "untrained_passkey": "benchmarks/results/tune_smollm2/passkey-independent",
 }
 # 8x (64k): bfloat16 throughout (training under autocast, perplexity, passkey), since a 64k
