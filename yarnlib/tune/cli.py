@@ -205,7 +205,8 @@ def run(args) -> int:
         },
         "trials": len(search.seen),
         "computed_now": search.computed,
-        "search_seconds": seconds,
+        "search_seconds": seconds,  # this invocation's; a resumed search's total is below
+        "trial_seconds": round(sum(r["seconds"] for r in store.done.values()), 1),
         "objective": OBJECTIVES[args.objective],
     }  # fmt: skip
     for name, (point, record) in rows.items():
