@@ -13,7 +13,8 @@
    prompts, come from issue 29's run (benchmarks/passkey_smollm2.sh). The classic
    filler, not the plays: SmolLM2-135M unscaled at 2k, inside its own window, finds 9/9 keys
    in the classic filler and 3/9 in the plays (benchmarks/results/passkey_haystack_smollm2),
-   so a play haystack would measure the small model's reading, not the context length;
+   so a play haystack would measure the small model's reading, not the context length. One
+   prompt per invocation, the rows taking turns over the depth bins, the target length first;
 5. OUT/results.json and OUT/table.md.
 
 Every part resumes: rerun the command and finished steps and cells are read from disk.
@@ -236,13 +237,18 @@ def passkey(args, plan: dict, output: Path, model: Path) -> None:
     dtype = plan["passkey_dtype"]
     require_bf16_units("passkey", dtype)
     runs = rows(args, plan, model, "passkey_lengths")
-    for key, name, methods, lengths in runs[:1] if plan["untrained_passkey"] else runs:
-        for length in sorted(lengths.split(","), key=int, reverse=True):  # the target first
-            yarnlib(
-                "eval", "passkey", "--model", name, "--methods", methods, "--lengths", length,
-                "--trials", str(plan["trials"]), "--haystack", "classic", "--dtype", dtype,
-                "--output", str(output / f"passkey-{key}"), "--resume",
-            )  # fmt: skip
+    runs = runs[:1] if plan["untrained_passkey"] else runs
+    # one prompt per invocation, the rows taking turns and the depth bin with the fewest
+    # finished prompts first (--max-trials 1), the target length first: a run cut short after
+    # a few 64k prompts still compares the rows evenly over depths
+    for length in sorted(plan["passkey_lengths"].split(","), key=int, reverse=True):
+        for _ in range(plan["trials"]):
+            for key, name, methods, _lengths in runs:
+                yarnlib(
+                    "eval", "passkey", "--model", name, "--methods", methods, "--lengths", length,
+                    "--trials", str(plan["trials"]), "--haystack", "classic", "--dtype", dtype,
+                    "--output", str(output / f"passkey-{key}"), "--resume", "--max-trials", "1",
+                )  # fmt: skip
 
 
 def cells(folder: Path, kind: str) -> list[dict]:
