@@ -74,6 +74,7 @@ FULL = {
     "trials": 30,
     "dtype": "float32",  # training and perplexity; see the module doc
     "passkey_dtype": "bfloat16",  # generation as served; see the module doc
+    "ppl_documents": "plays",  # the held-out plays, one sample each
     # the untrained row's passkey: issue 29's run of the same prompts (passkey_smollm2.sh)
     "untrained_passkey": "benchmarks/results/tune_smollm2/passkey-independent",
 }
@@ -86,6 +87,8 @@ EIGHT = {
     "passkey_lengths": "32768,65536",
     "dtype": "bfloat16",
     "untrained_passkey": None,
+    # no held-out play is 64k tokens long (44k-52k): each sample is a play followed by the next
+    "ppl_documents": "pairs",
 }
 SMOKE = {
     **FULL,
@@ -193,8 +196,28 @@ def rows(args, plan: dict, model: Path, lengths: str) -> list[tuple[str, str, st
     return found
 
 
+def held_out_pairs(data: Path, folder: Path) -> list[str]:
+    """Each held-out play followed by the next (cyclically), one file each: samples longer than
+    any play whose first 2k/8k tokens are the plays' own (the 32k table's short samples)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, play in enumerate(HELD_OUT):
+        after = HELD_OUT[(i + 1) % len(HELD_OUT)]
+        path = folder / f"{i}_{play}+{after}.txt"
+        text = (data / f"{play}.txt").read_text() + "\n\n" + (data / f"{after}.txt").read_text()
+        if not path.is_file() or path.read_text() != text:
+            partial = path.with_suffix(".partial")
+            partial.write_text(text)
+            partial.replace(path)
+        paths.append(str(path))
+    return paths
+
+
 def perplexity(args, plan: dict, data: Path, output: Path, model: Path) -> None:
-    held_out = [str(data / f"{p}.txt") for p in HELD_OUT]
+    if plan["ppl_documents"] == "pairs":
+        held_out = held_out_pairs(data, output / "held-out-pairs")
+    else:
+        held_out = [str(data / f"{p}.txt") for p in HELD_OUT]
     runs = rows(args, plan, model, "ppl_lengths")
     if not plan["original"]:
         runs.append(("native", args.model, "none", plan["native_lengths"]))
