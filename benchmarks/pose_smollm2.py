@@ -83,7 +83,7 @@ FULL = {
 EIGHT = {
     **FULL,
     "target": 65536,
-    "ppl_lengths": "2048,8192,65536",
+    "ppl_lengths": "2048,8192,32768,65536",  # one forward per sample gives every length
     "passkey_lengths": "32768,65536",
     "dtype": "bfloat16",
     "untrained_passkey": None,
