@@ -3,9 +3,11 @@
 # each (each step resumes from its tracked files, so rerunning a lane skips what is done):
 #   lane passkey: 32k rows of the needle-tuned and floored per-dim specs, then every spec row at
 #     24k and 16k (benchmarks/passkey_smollm2.sh), then every length again for rows whose spec
-#     file came late;
+#     file came late, then issue 15's tuned per-dim table (0/15 classic passkeys at 32k);
 #   lane search: the mix search (benchmarks/tune_retrieval_smollm2.py), yarn:4 and tuned yarn at
-#     16k, the PoSE model's 16k in bfloat16, the nll --slow-in-range search, then PoSE to 64k
+#     16k, the PoSE model's 16k in bfloat16, the perplexity of the check rows (checks/*.json:
+#     the candidate a mix weight of 0.1 picks, benchmarks/mix_weights.py) and that candidate's
+#     32k passkey, the nll --slow-in-range search, then PoSE to 64k
 #     (benchmarks/pose_smollm2.py --target 65536: training, perplexity, passkey; its 64k passkey
 #     is most of the lane's hours, so the search of issue 29 goes first).
 # A 32k prompt takes ~4.5 min on an AMX core, ~13 min on an avx512_bf16 core of an AMD EPYC.
@@ -45,11 +47,14 @@ passkey)
     passkey "$(spec_rows)" 24576
     passkey "$(spec_rows)" 16384
     passkey "$(spec_rows)" "32768 24576 16384"                   # rows whose search ended late
+    passkey "$R/tuned-per-dim.json" "32768 24576 16384"
     ;;
 search)
     .venv/bin/python benchmarks/tune_retrieval_smollm2.py --only mix
     passkey "yarn:4 $R/tuned-yarn.json" 16384                   # also issue 28's baseline
     .venv/bin/python benchmarks/pose_smollm2.py --parts passkey  # PoSE 16k in bfloat16
+    .venv/bin/python benchmarks/tune_retrieval_smollm2.py --report
+    passkey "$R/checks/mix-0.1.json" 32768
     .venv/bin/python benchmarks/tune_retrieval_smollm2.py --only nll-slow
     .venv/bin/python benchmarks/pose_smollm2.py --target 65536
     ;;

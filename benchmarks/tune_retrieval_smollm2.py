@@ -5,16 +5,19 @@
    ``needle`` and ``mix`` (retrieval-scored, no floor: does the objective alone keep the slow
    frequencies in range?) and ``nll`` with ``--slow-in-range`` (the floor, NLL-scored), each into
    OUT/tune-NAME; the best of each as OUT/tuned-NAME.json;
-2. perplexity at 8k/16k/32k on the held-out plays of the rows ``spec:tuned-NAME`` and
-   ``spec:per-dim-floor`` (OUT/ppl-retrieval, float32 as issue 15's OUT/ppl, whose rows are read);
+2. perplexity at 8k/16k/32k on the held-out plays of the rows ``spec:tuned-NAME`` and of the
+   hand-made checks ``OUT/checks/*.json`` (the floored per-dim table, the candidate a mix weight
+   of 0.1 picks: benchmarks/mix_weights.py) into OUT/ppl-retrieval, float32 as issue 15's
+   OUT/ppl, whose rows are read;
 3. OUT/retrieval.json and OUT/retrieval.md: those rows beside ``yarn:4``, tuned yarn and tuned
    per-dim, with the passkey of every row that benchmarks/passkey_smollm2.sh has measured
    (independent prompts, Wilson 95 % intervals; run it with ROWS naming the new spec files).
 
 Every step resumes from its files (the output folder is tracked in git); ``--only NAME`` runs
-one search. A 32k trial is one forward of 32k tokens: ~1–2 min on a CPU core with AMX in
-bfloat16, so a search of 40 trials is about an hour there (float32 on a CPU without bf16 units
-is ~35 min a trial: out of reach). ``--smoke``: the pipeline at L=256, N=1024 (minutes).
+one search, ``--report`` none (steps 2 and 3). A 32k trial is one forward of 32k tokens: ~1–2
+min on a CPU core with AMX in bfloat16 (~11 min on an AMD EPYC core with avx512_bf16), so a
+search of 40 trials is about an hour there (float32 on a CPU without bf16 units is ~35 min a
+trial: out of reach). ``--smoke``: the pipeline at L=256, N=1024 (minutes).
 
     nice -n 10 .venv/bin/python benchmarks/tune_retrieval_smollm2.py
 """
@@ -82,7 +85,7 @@ def spec_files(output: Path) -> list[Path]:
     """Every spec row of the comparison that has its file (a row not named is left out of a
     results file: eval keeps a spec row's cells only for the file it is given)."""
     found = [output / "tuned-yarn.json", output / "tuned-per-dim.json",
-             output / "checks" / "per-dim-floor.json",
+             *sorted((output / "checks").glob("*.json")),
              *(output / f"tuned-{n}.json" for n in SEARCHES)]  # fmt: skip
     return [f for f in found if f.is_file()]
 
@@ -147,17 +150,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default="smollm2")
     p.add_argument("--data", default=str(DEFAULT_DATASET))
     p.add_argument("--only", choices=sorted(SEARCHES), help="run this search only")
+    p.add_argument("--report", action="store_true", help="no search: steps 2 and 3 only")
     p.add_argument("--smoke", action="store_true", help="the pipeline at L=256, N=1024")
     args = p.parse_args(argv)
     plan = dict(SMOKE if args.smoke else FULL)
     output, data = Path(args.output), Path(args.data)
     output.mkdir(parents=True, exist_ok=True)
-    names = [args.only] if args.only else list(SEARCHES)
+    names = [] if args.report else [args.only] if args.only else list(SEARCHES)
     for name in names:
         search(args, plan, data, output, name)
     cells = perplexity(args, plan, data, output)
-    found = rows(cells, passkey(args, output), [*BASELINES, *(f"spec:tuned-{n}" for n in SEARCHES)],
-                 plan)  # fmt: skip
+    names = dict.fromkeys([*BASELINES, *(f"spec:{f.stem}" for f in spec_files(output))])
+    found = rows(cells, passkey(args, output), list(names), plan)
     write_json(output / "retrieval.json", {"plan": plan, "smoke": args.smoke, "rows": found})
     text = markdown(found, plan)
     (output / "retrieval.md").write_text(text)
