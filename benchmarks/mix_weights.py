@@ -47,7 +47,7 @@ def summary(t: dict) -> dict:
         "space": t["space"],
         "text_nll": round(t["nll_beyond_original"], 4),
         "needle_nll": round(t["needle_nll"], 4),
-        "attention_factor": round(t["spec"]["attention_factor"], 4),
+        "attention_factor": round(RopeScaling(**t["spec"]).attention_factor(t["length"]), 4),
         "slowest_divisor": round(slowest_divisor(t), 3),
         "key": t["key"],
     }
