@@ -1,22 +1,14 @@
 """benchmarks/mix_weights.py: the Pareto front and the pick per mix weight from stored trials,
 against values worked out by hand."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load
 
 from yarnlib.spec import RopeScaling
 from yarnlib.spec_file import read_spec_file
-
-
-def script():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "mix_weights.py"
-    loader = importlib.util.spec_from_file_location("mix_weights", path)
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)
-    return module
 
 
 def spec(factor):
@@ -49,7 +41,7 @@ def test_front_and_picks_match_the_hand_computed_ones(tmp_path, capsys):
     # a second search that visited factor 4 again: counted once, the first folder's trial kept
     write_trials(tmp_path / "mix", [(4.0, 9.0, 9.0)])
     out, picked = tmp_path / "mix_weights.json", tmp_path / "picked.json"
-    script().main([str(tmp_path / "needle"), str(tmp_path / "mix"), "--output", str(out),
+    load("mix_weights").main([str(tmp_path / "needle"), str(tmp_path / "mix"), "--output", str(out),
                    "--spec-at", "0.1", str(picked)])  # fmt: skip
     result = json.loads(out.read_text())
     assert result["candidates"] == 4
@@ -66,4 +58,4 @@ def test_front_and_picks_match_the_hand_computed_ones(tmp_path, capsys):
 def test_trials_without_the_needle_part_are_refused(tmp_path):
     write_trials(tmp_path / "nll", CANDIDATES, needle=False)
     with pytest.raises(SystemExit, match="without needle_nll"):
-        script().main([str(tmp_path / "nll")])
+        load("mix_weights").main([str(tmp_path / "nll")])

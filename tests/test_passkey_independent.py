@@ -4,6 +4,7 @@ import csv
 import json
 
 import pytest
+from benchmark_scripts import load
 from test_eval_support import VOCAB, corpus_text, text_dataset, tiny_folder, tiny_tokenizer
 from tiny_models import tiny_model
 
@@ -219,17 +220,6 @@ def test_max_trials_fills_the_cells_evenly_and_resumes(tok, haystack, tmp_path):
         assert cells.done[key]["answers"] == cell["answers"]
 
 
-def paired_script():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "passkey_paired.py"
-    loader = importlib.util.spec_from_file_location("passkey_paired", path)
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)
-    return module
-
-
 def test_two_runs_pair_prompt_by_prompt(model_dir, haystack, tmp_path, capsys):
     """Two runs with the same seed draw the same prompts, so benchmarks/passkey_paired.py pairs
     every prompt of one with one of the other; its counts are those of the answers, the none row
@@ -249,7 +239,7 @@ def test_two_runs_pair_prompt_by_prompt(model_dir, haystack, tmp_path, capsys):
         for i, a in enumerate(sorted(answers, key=lambda a: a["key"])):
             a["answer"] = a["key"] if i in right else None
         path.write_text(json.dumps(data))
-    script = paired_script()
+    script = load("passkey_paired")
     script.main(
         [str(tmp_path / "base"), str(tmp_path / "scaled"), "--output", str(tmp_path / "p.json")]
     )

@@ -7,7 +7,6 @@ import json
 import math
 import shutil
 import signal
-from pathlib import Path
 
 import pytest
 import torch
@@ -431,13 +430,10 @@ def test_plot_tune_reads_the_miniatures_results(tmp_path):
     """benchmarks/plot_tune.py on the committed miniature results: the divisors it plots are
     base / inv_freq (a tuned longrope's are its factors, the yarn start's run from 1 to the
     factor), its perplexities are the held-out ones the docs' table quotes, proxy runs left out."""
-    import importlib.util
+    from benchmark_scripts import BENCHMARKS, load
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_tune.py"
-    loader = importlib.util.spec_from_file_location("plot_tune", path)
-    plot_tune = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(plot_tune)
-    results = path.parents[1] / "docs" / "mini_tune" / "results.json"
+    plot_tune = load("plot_tune")
+    results = BENCHMARKS.parent / "docs" / "mini_tune" / "results.json"
     plot_tune.main([str(results), "--output", str(tmp_path / "plot")])
 
     data = json.loads((tmp_path / "plot.json").read_text())
