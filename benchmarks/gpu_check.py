@@ -9,8 +9,11 @@ CUDA error that poisons a process does not hide the other steps:
 
 - ``kernels`` (gpu_kernels.py): the compiled kernel against the kernel tests' float64
   reference, forward and backward, and at positions up to 131071;
+- ``rope_configs`` (gpu_rope_configs.py): the kernel's tile and warp count that move the
+  most bytes on this GPU (yarnlib's defaults come from it);
 - ``rope_kernels`` (rope_kernels.py): speed at 1k..128k against transformers eager,
-  torch.compile, Liger (when installed) and a device-to-device copy;
+  torch.compile, Liger (when installed) and a device-to-device copy, per eager call and from
+  CUDA graphs, with the kernel launched as ``rope_configs`` found best;
 - ``model`` (gpu_model.py): a patched 7B-shaped model (2 layers) at 16k and 64k against the
   same model configured natively in transformers;
 - ``long_context`` (gpu_long_context.py): ``yarnlib eval perplexity`` and ``yarnlib
@@ -44,8 +47,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # name: seconds it may take; with the start-up (~30 s) the pass fits in 8 minutes
-STEPS = {"kernels": 100, "rope_kernels": 130, "model": 90, "long_context": 110}
-BUDGET_S = 430  # all steps together: a step gets at most what is left of it
+STEPS = {"kernels": 100, "rope_configs": 80, "rope_kernels": 150, "model": 90, "long_context": 110}
+BUDGET_S = 490  # all steps together: a step gets at most what is left of it
 MIN_STEP_S = 20  # a step is not started with less time left than this
 CHECKS_FAILED = 3  # a step's exit code when it ran to the end but a correctness check failed
 LONG_SEQ = 16384  # the speed targets hold from this many tokens on
@@ -100,10 +103,16 @@ def step_arguments(doc: str) -> argparse.Namespace:
     return parser.parse_args()
 
 
-def step_command(name: str, out: Path, scratch: Path, dry_run: bool) -> list[str]:
+def step_command(
+    name: str, out: Path, scratch: Path, dry_run: bool, kernel_config: str | None = None
+) -> list[str]:
     if name == "rope_kernels":
         extra = DRY_RUN_ROPE if dry_run else ["--seq", *ROPE_SEQS]
+        extra += ["--kernel-config", kernel_config] if kernel_config else []
         return [str(HERE / "rope_kernels.py"), "--out", str(out / f"{name}.json"), *extra]
+    if name == "rope_configs":
+        command = [str(HERE / "gpu_rope_configs.py"), "--out", str(out / f"{name}.json")]
+        return command + (["--dry-run"] if dry_run else [])
     command = [str(HERE / f"gpu_{name}.py"), "--out", str(out / f"{name}.json")]
     return command + ["--scratch", str(scratch)] + (["--dry-run"] if dry_run else [])
 
@@ -195,6 +204,8 @@ def step_lines(name: str, result: dict | None) -> list[str]:
         lines.append(f"IMPORTS WHAT THE GPU MACHINE LACKS: {result['absent_on_gpu_machine']}")
     if name != "rope_kernels":
         return lines + result.get("summary", [])
+    if result.get("kernel_config"):
+        lines.append(f"kernel launched with tile,warps = {result['kernel_config']}")
     rows = result.get("results", [])
     seqs = sorted({r["seq"] for r in rows})
     lines.append(f"{len(rows)} rows, {seqs[0]}..{seqs[-1]} tokens" if rows else "no rows")
@@ -207,7 +218,8 @@ def step_lines(name: str, result: dict | None) -> list[str]:
 
 def rope_targets(rope: dict) -> list[dict]:
     """The three speed targets from rope_kernels.json, at the long lengths (the longest one
-    when none reaches LONG_SEQ, as in a dry run)."""
+    when none reaches LONG_SEQ, as in a dry run): per eager call (subject ``ours_*``) and,
+    where measured, from CUDA graphs (subject ``ours_*, CUDA graph``: the device's time)."""
     rows = [r for r in rope.get("results", []) if "error" not in r]
     if not rows:
         return []
@@ -216,17 +228,22 @@ def rope_targets(rope: dict) -> list[dict]:
     seqs = sorted({seq for seq, _ in by})
     found = []
     for ours in ("ours_table_free", "ours_table"):
-        if not any((seq, ours) in by for seq in seqs):
-            continue
-        mine = [by[(seq, ours)] for seq in seqs if (seq, ours) in by]
-        found.append(target("copy_share", ours, min(r["forward_of_copy"] for r in mine)))
-        for name, other in (("vs_liger", "liger"), ("vs_eager", "hf_eager")):
-            ratios = [
-                by[(r["seq"], other)]["fwd_bwd_ms"] / r["fwd_bwd_ms"]
-                for r in mine
-                if (r["seq"], other) in by
-            ]
-            found.append(target(name, ours, min(ratios)) if ratios else unmeasured(name, ours))
+        for timing, suffix in (("", ""), (", CUDA graph", "_graph")):
+            fwd_bwd, share = f"fwd_bwd{suffix}_ms", f"forward{suffix}_of_copy"
+            mine = [by[(seq, ours)] for seq in seqs if share in by.get((seq, ours), {})]
+            if not mine:
+                continue
+            subject = ours + timing
+            found.append(target("copy_share", subject, min(r[share] for r in mine)))
+            for name, other in (("vs_liger", "liger"), ("vs_eager", "hf_eager")):
+                ratios = [
+                    by[(r["seq"], other)][fwd_bwd] / r[fwd_bwd]
+                    for r in mine
+                    if fwd_bwd in by.get((r["seq"], other), {})
+                ]
+                found.append(
+                    target(name, subject, min(ratios)) if ratios else unmeasured(name, subject)
+                )
     return found
 
 
@@ -344,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[gpu_check] {name}: running ({within})", flush=True)
             result_file = out / f"{name}.json"  # an earlier run's file is not this run's result
             before = modified(result_file)
-            command = step_command(name, out, scratch, args.dry_run)
+            found = results.get("rope_configs", {}).get("result") or {}
+            command = step_command(name, out, scratch, args.dry_run, found.get("best"))
             record = run_step(command, out / "logs" / f"{name}.log", limit, env)
             fresh = modified(result_file) not in (None, before)
             record["result"] = read_json(result_file) if fresh else None

@@ -5,6 +5,11 @@ factor 4. Forward and forward+backward; every path includes building its cos/sin
 table-free builds none). GB/s is over the minimum bytes: q and k read once and written
 once per pass; `fwd / copy` is that bandwidth over a measured copy of the same bytes.
 
+Two timings on CUDA. ``eager``: one call between two events, as a Python loop makes it, so
+the host's launch overhead (~0.1-0.2 ms a call) counts whenever the device work is shorter.
+``graph`` (from ``GRAPH_FROM`` tokens on): ``GRAPH_CALLS`` calls captured in a CUDA graph
+and replayed, per call: the device's own time, as inside a captured or busy model.
+
     python benchmarks/rope_kernels.py                     # CUDA: 1k..128k; CPU: 1k..4k
     python benchmarks/rope_kernels.py --seq 1024 4096 --threads 1 --out results.json
 
@@ -36,6 +41,11 @@ SPEC = RopeScaling("yarn", factor=4.0, original_max_position_embeddings=32768,
                    rope_theta=1e6, rotary_dim=HEAD_DIM)  # fmt: skip
 CUDA_SEQS = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 CPU_SEQS = [1024, 2048, 4096]
+GRAPH_FROM = 16384  # the targets' lengths (benchmarks/gpu_check.py); shorter ones are launch-bound
+GRAPH_CALLS = 10  # calls per captured graph
+# torch.compile's own guards and recompilations under a capture can leave the device in a state
+# that fails the lengths after it; its eager numbers are kept
+GRAPH_SKIP = {"hf_compile"}
 
 
 def methods(device: torch.device, backend: str = "auto") -> dict:
@@ -98,27 +108,64 @@ def timer(fn, device: torch.device, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(fn, seq: int, device: torch.device, dtype: torch.dtype, repeats: int) -> dict:
+def graph_timer(fn, device: torch.device, repeats: int) -> float:
+    """Median milliseconds per call of ``fn`` replayed from a CUDA graph of ``GRAPH_CALLS``
+    calls: the device's time without the host's launch overhead."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture: compilation, caches, autograd
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    return timer(graph.replay, device, repeats) / GRAPH_CALLS
+
+
+def measure(fn, seq: int, device: torch.device, dtype: torch.dtype, repeats: int, timer=timer):
+    """``{"forward_ms", "fwd_bwd_ms"}`` of ``fn`` at ``seq`` tokens, per call, by ``timer``."""
     q = torch.randn(1, Q_HEADS, seq, HEAD_DIM, device=device, dtype=dtype)
     k = torch.randn(1, KV_HEADS, seq, HEAD_DIM, device=device, dtype=dtype)
     position_ids = torch.arange(seq, device=device)[None]
     grads = torch.randn_like(q), torch.randn_like(k)
     q_leaf, k_leaf = q.clone().requires_grad_(), k.clone().requires_grad_()
 
+    def forward():
+        with torch.no_grad():
+            fn(q, k, position_ids)
+
     def forward_backward():
         torch.autograd.backward(fn(q_leaf, k_leaf, position_ids), grads)
 
-    with torch.no_grad():
-        forward_ms = timer(lambda: fn(q, k, position_ids), device, repeats)
-    return {"forward_ms": forward_ms, "fwd_bwd_ms": timer(forward_backward, device, repeats)}
+    return {
+        "forward_ms": timer(forward, device, repeats),
+        "fwd_bwd_ms": timer(forward_backward, device, repeats),
+    }
 
 
-def copy_ms(seq: int, device: torch.device, dtype: torch.dtype, repeats: int) -> float:
-    """A device-to-device copy of q and k: the same bytes as one rotary pass."""
+def graph_row(fn, seq: int, device: torch.device, dtype: torch.dtype, repeats: int) -> dict:
+    """``forward_graph_ms`` and ``fwd_bwd_graph_ms``, or ``graph_error`` for a path that
+    cannot be captured (it keeps its eager numbers)."""
+    try:
+        found = measure(fn, seq, device, dtype, repeats, timer=graph_timer)
+    except Exception as error:
+        return {"graph_error": f"{type(error).__name__}: {error}"}
+    return {"forward_graph_ms": found["forward_ms"], "fwd_bwd_graph_ms": found["fwd_bwd_ms"]}
+
+
+def copy_ms(
+    seq: int, device: torch.device, dtype: torch.dtype, repeats: int, graph: bool = False
+) -> float:
+    """A device-to-device copy of q and k: the same bytes as one rotary pass (``graph``: timed
+    as ``graph_timer`` does)."""
     q = torch.randn(1, Q_HEADS, seq, HEAD_DIM, device=device, dtype=dtype)
     k = torch.randn(1, KV_HEADS, seq, HEAD_DIM, device=device, dtype=dtype)
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    return timer(lambda: (q_out.copy_(q), k_out.copy_(k)), device, repeats)
+    return (graph_timer if graph else timer)(
+        lambda: (q_out.copy_(q), k_out.copy_(k)), device, repeats
+    )
 
 
 def check_against_torch(seq: int, device: torch.device) -> dict:
@@ -137,6 +184,17 @@ def check_against_torch(seq: int, device: torch.device) -> dict:
     return diffs
 
 
+def set_kernel_config(text: str) -> None:
+    """``"TILE,WARPS"`` -> the Triton kernel's launch parameters for this process."""
+    from yarnlib.kernels import triton_rotary
+
+    try:
+        tile, warps = (int(part) for part in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--kernel-config: want TILE,WARPS (two integers), got {text!r}") from None
+    triton_rotary.TILE_GPU, triton_rotary.NUM_WARPS_GPU = tile, warps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seq", type=int, nargs="+", help="sequence lengths (tokens)")
@@ -145,7 +203,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="CPU threads (1 is steadier on a busy host)")
     parser.add_argument("--backend", default="auto", help="yarnlib's: auto, triton or torch")
     parser.add_argument("--methods", help="comma-separated subset of the methods (default: all)")
+    parser.add_argument(
+        "--kernel-config",
+        metavar="TILE,WARPS",
+        help="launch the Triton kernel with this tile and warp count instead of yarnlib's "
+        "defaults (gpu_rope_configs.py finds the best)",
+    )
     args = parser.parse_args()
+    if args.kernel_config:
+        set_kernel_config(args.kernel_config)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -177,6 +243,7 @@ def main() -> None:
         "dtype": str(dtype),
         "spec": SPEC.describe(),
         "repeats": repeats,
+        "kernel_config": args.kernel_config,
         "results": rows,
         "triton_vs_torch_max_abs_diff": checks,
     }
@@ -184,10 +251,14 @@ def main() -> None:
         for seq in seqs:
             pass_bytes = 2 * seq * (Q_HEADS + KV_HEADS) * HEAD_DIM * dtype.itemsize
             copy = copy_ms(seq, device, dtype, repeats)
+            graph = device.type == "cuda" and seq >= GRAPH_FROM
+            copy_graph = copy_ms(seq, device, dtype, repeats, graph=True) if graph else None
             for name, fn in fns.items():
                 row = {"seq": seq, "method": name}
                 try:
                     row.update(measure(fn, seq, device, dtype, repeats))
+                    if graph and name not in GRAPH_SKIP:
+                        row.update(graph_row(fn, seq, device, dtype, repeats))
                 except Exception as error:  # one path failing here must not hide the others
                     rows.append({**row, "error": f"{type(error).__name__}: {error}"})
                     bar.update()
@@ -196,6 +267,9 @@ def main() -> None:
                 row["fwd_bwd_gbps"] = 2 * pass_bytes / row["fwd_bwd_ms"] / 1e6
                 row["copy_ms"] = copy
                 row["forward_of_copy"] = copy / row["forward_ms"]
+                if "forward_graph_ms" in row:
+                    row["copy_graph_ms"] = copy_graph
+                    row["forward_graph_of_copy"] = copy_graph / row["forward_graph_ms"]
                 rows.append(row)
                 bar.update()
             info["absent_on_gpu_machine"] = absent_on_gpu_machine()
@@ -206,6 +280,9 @@ def main() -> None:
 
 def print_table(rows: list[dict]) -> None:
     head = "| seq | method | fwd ms | fwd GB/s | fwd+bwd ms | fwd+bwd GB/s | fwd / copy |"
+    graphs = any("forward_graph_ms" in r for r in rows)
+    if graphs:
+        head += " graph: fwd ms | fwd+bwd ms | fwd / copy |"
     print("\n" + head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
@@ -213,10 +290,18 @@ def print_table(rows: list[dict]) -> None:
             print(f"| {r['seq'] // 1024}k | {r['method']} | {r['error']} |")
             continue
         line = (
-            f"| {r['seq'] // 1024}k | {r['method']} | {r['forward_ms']:.2f} | "
-            f"{r['forward_gbps']:.3g} | {r['fwd_bwd_ms']:.2f} | {r['fwd_bwd_gbps']:.3g} |"
+            f"| {r['seq'] // 1024}k | {r['method']} | {r['forward_ms']:.3f} | "
+            f"{r['forward_gbps']:.3g} | {r['fwd_bwd_ms']:.3f} | {r['fwd_bwd_gbps']:.3g} |"
+            f" {100 * r['forward_of_copy']:.0f} % |"
         )
-        print(line + f" {100 * r['forward_of_copy']:.0f} % |")
+        if "forward_graph_ms" in r:
+            line += (
+                f" {r['forward_graph_ms']:.3f} | {r['fwd_bwd_graph_ms']:.3f} |"
+                f" {100 * r['forward_graph_of_copy']:.0f} % |"
+            )
+        elif graphs:
+            line += f" {r.get('graph_error', '')} | | |"
+        print(line)
 
 
 if __name__ == "__main__":

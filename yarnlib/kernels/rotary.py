@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import torch
 
-from yarnlib.kernels import checks, reference
+from yarnlib.kernels import checks, reference, tables
 from yarnlib.kernels.reference import Angles
 from yarnlib.spec import RopeScaling
 
@@ -134,16 +134,9 @@ def apply_scaled_rotary(
     pos = checks.positions(position_ids, cu_seqlens, layout, batch, seq, q.device)
     if pos is None and layout == "thd":
         raise ValueError("layout='thd' needs position_ids or cu_seqlens")
-    inv_freq, factor = _frequencies(spec, seq_len, q.device)
+    inv_freq, factor = tables.device_frequencies(spec, seq_len, q.device)
     cfg = _config(q, layout, spec.rotary_dim, interleaved, inplace, backend, factor)
     return _apply(q, k, None, None, pos, inv_freq, cfg)
-
-
-@functools.lru_cache(maxsize=64)
-def _frequencies(spec: RopeScaling, seq_len: int | None, device: torch.device):
-    # Once per spec and length, not once per layer and step (and one host-to-device copy).
-    freqs = spec.frequencies(seq_len)
-    return freqs.inv_freq.to(device=device, dtype=torch.float32), freqs.attention_factor
 
 
 class _Rotary(torch.autograd.Function):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from yarnlib.spec import RopeScaling
@@ -33,8 +35,19 @@ def rotary_cos_sin(
     if not isinstance(position_ids, torch.Tensor) or position_ids.dtype not in INDEX_DTYPES:
         got = position_ids.dtype if isinstance(position_ids, torch.Tensor) else type(position_ids)
         raise ValueError(f"position_ids must be an int32 or int64 tensor, got {got}")
-    inv_freq, attention_factor = spec.frequencies(seq_len)
+    inv_freq, attention_factor = device_frequencies(spec, seq_len, position_ids.device)
     return cos_sin(inv_freq, attention_factor, position_ids, dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def device_frequencies(
+    spec: RopeScaling, seq_len: int | None, device: torch.device
+) -> tuple[torch.Tensor, float]:
+    """``(inv_freq, attention_factor)`` of ``spec`` at ``seq_len``, inv_freq float32 on
+    ``device``: once per spec, length and device, not once per layer and step. A host-to-device
+    copy per call would also wait for the device and cannot be captured in a CUDA graph."""
+    freqs = spec.frequencies(seq_len)
+    return freqs.inv_freq.to(device=device, dtype=torch.float32), freqs.attention_factor
 
 
 def half_cos_sin(

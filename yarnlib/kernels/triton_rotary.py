@@ -19,6 +19,7 @@ from yarnlib.kernels.reference import Angles
 # in the interpreter (where fewer, larger programs are much faster).
 TILE_GPU = 2048
 TILE_INTERPRETER = 1 << 16
+NUM_WARPS_GPU = 2  # H200: 0.64 vs 0.60 of copy for 4 warps (benchmarks/gpu_rope_configs.py)
 
 
 @triton.jit
@@ -185,4 +186,5 @@ def rotate(pairs, angles: Angles, rotary_dim: int, interleaved: bool, sign: floa
         float(angles.attention_factor), float(sign),
         HALF=half, INTERLEAVED=interleaved, HAS_POS=pos is not None, TABLE_FREE=table_free,
         BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_P=block_p,
+        num_warps=NUM_WARPS_GPU,
     )  # fmt: skip
