@@ -39,7 +39,7 @@ from yarnlib.spec_file import write_json, write_spec_file
 
 SEARCHES = {
     "needle": ["--objective", "needle"],
-    "mix": ["--objective", "mix"],
+    "mix": ["--objective", "mix", "--mix-weight", "0.5"],  # the default when it ran
     "nll-slow": ["--objective", "nll", "--slow-in-range"],
 }
 # benchmarks/passkey_smollm2.sh's lengths, trials, filler and precision (its cells' settings)

@@ -219,8 +219,11 @@ def test_tune_objective_resumes_within_its_budget(model_dir, tmp_path, capsys, o
     records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     assert len(records) == 3 and all(r["answer_tokens"] > 0 for r in records)
     for r in records:
-        want = r["needle_nll"] if objective == "needle" else (
-            0.5 * r["nll_beyond_original"] + 0.5 * r["needle_nll"])  # fmt: skip
+        want = (
+            r["needle_nll"]
+            if objective == "needle"
+            else (0.9 * r["nll_beyond_original"] + 0.1 * r["needle_nll"])
+        )  # the default weight 0.1
         assert r["objective"] == pytest.approx(want, abs=1e-12)
     final = json.loads((out / "final.json").read_text())
     assert final["settings"]["objective"] == objective
