@@ -16,7 +16,13 @@
 # is written prompt by prompt, so a call cut by its time limit keeps what it did). Its
 # prompts and settings are those of passkey_smollm2.sh: the trials merge into a CPU run's
 # folder (docs/results.md, "Where the prompts ran"). `exec CMD...` runs any command in the
-# same environment (smollm2 resolvable, gguf importable, yarnlib from this tree).
+# same environment (smollm2 resolvable, gguf importable, yarnlib from this tree); issue 28's
+# 64k rows, for example, as the third call (its own `timeout` leaves time for the tar, since
+# at most 8 files come back):
+#   run("bash benchmarks/gpu_smollm2.sh exec bash -c 'cp -r benchmarks/results/pose_smollm2_64k
+#        /tmp/p64; timeout 420 python3 benchmarks/pose_smollm2.py --target 65536 --parts
+#        ppl,passkey --output /tmp/p64; tar czf $OUT/p64.tgz -C /tmp --exclude p64/train p64'",
+#       carry=[".gpu_model/part_02"], timeout_s=480)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf

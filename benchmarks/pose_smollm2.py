@@ -262,16 +262,19 @@ def passkey(args, plan: dict, output: Path, model: Path) -> None:
     require_bf16_units("passkey", dtype)
     runs = rows(args, plan, model, "passkey_lengths")
     runs = runs[:1] if plan["untrained_passkey"] else runs
-    # one prompt per invocation, the rows taking turns and the depth bin with the fewest
-    # finished prompts first (--max-trials 1), the target length first: a run cut short after
-    # a few 64k prompts still compares the rows evenly over depths
+    # On a CPU one prompt per invocation, the rows taking turns and the depth bin with the
+    # fewest finished prompts first (--max-trials 1), the target length first: a run cut short
+    # after a few 64k prompts still compares the rows evenly over depths. On a GPU a row's
+    # length takes seconds: one invocation each (a model load per prompt would dominate).
+    one_at_a_time = not torch.cuda.is_available()
     for length in sorted(plan["passkey_lengths"].split(","), key=int, reverse=True):
-        for _ in range(plan["trials"]):
+        for _ in range(plan["trials"] if one_at_a_time else 1):
             for key, name, methods, _lengths in runs:
                 yarnlib(
                     "eval", "passkey", "--model", name, "--methods", methods, "--lengths", length,
                     "--trials", str(plan["trials"]), "--haystack", "classic", "--dtype", dtype,
-                    "--output", str(output / f"passkey-{key}"), "--resume", "--max-trials", "1",
+                    "--output", str(output / f"passkey-{key}"), "--resume",
+                    *(["--max-trials", "1"] if one_at_a_time else []),
                 )  # fmt: skip
 
 
