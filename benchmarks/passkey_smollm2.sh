@@ -7,13 +7,13 @@
 # a SmolLM2 16k forward on one AMX Xeon core takes 78 s against ~4 min in float32; on a CPU
 # without AMX or avx512_bf16 bfloat16 runs ~45x slower, and the script refuses it: DTYPE=float32
 # there starts a separate float32 series, the precision being part of each cell's settings).
-# Resumable: rerun this script and
-# finished prompts are taken from OUT (cells.jsonl, passkey_trials.jsonl). One prompt per
-# invocation (--max-trials 1: the depth bin with the fewest finished prompts first), the rows
-# taking turns, so that a run cut short compares the rows evenly at the longest length first.
-# At the end one --report over all the rows writes OUT/passkey.json with every row (run that line
-# alone for the state of a run cut short).
-#   nohup nice -n 10 bash benchmarks/passkey_smollm2.sh > /tmp/passkey_smollm2.log 2>&1 &
+# Resumable: rerun this script and finished prompts are taken from OUT (cells.jsonl,
+# passkey_trials.jsonl). One prompt per invocation over every row and length (--max-trials 1:
+# the depth bin with the fewest finished prompts first, across rows and lengths), so a run cut
+# short still compares the rows evenly; it stops at the first invocation that finds every cell
+# done (that one loads no model). The last invocation's report covers every row.
+#   ROWS="yarn:4 benchmarks/results/tune_smollm2/tuned-yarn.json" bash benchmarks/passkey_smollm2.sh
+# A GPU runs the same prompts in minutes: benchmarks/gpu_smollm2.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 R=benchmarks/results/tune_smollm2
@@ -29,21 +29,14 @@ if [[ $DTYPE == bfloat16 ]] && ! .venv/bin/python -c \
     echo "passkey_smollm2: this CPU has no AMX/avx512_bf16 (bfloat16 ~45x slower than float32)" >&2
     exit 2
 fi
-for length in $LENGTHS; do
-    for _ in $(seq "$TRIALS"); do
-        for row in $ROWS; do
-            if [[ $row == *.json ]]; then what=(--methods "" --spec "$row"); else what=(--methods "$row"); fi
-            .venv/bin/yarnlib eval passkey --model smollm2 "${what[@]}" --lengths "$length" \
-                --trials "$TRIALS" --haystack classic --dtype "$DTYPE" --output "$OUT" --resume --max-trials 1
-        done
-    done
-done
-# passkey.json of every row (each invocation above names one row: its file holds that row only)
 methods=() specs=()
 for row in $ROWS; do
     if [[ $row == *.json ]]; then specs+=("$row"); else methods+=("$row"); fi
 done
 joined=$(IFS=,; echo "${methods[*]}")
-.venv/bin/yarnlib eval passkey --model smollm2 --methods "$joined" ${specs[@]:+--spec "${specs[@]}"} \
-    --lengths "${LENGTHS// /,}" --trials "$TRIALS" --haystack classic --dtype "$DTYPE" \
-    --output "$OUT" --report
+run() {
+    .venv/bin/yarnlib eval passkey --model smollm2 --methods "$joined" ${specs[@]:+--spec "${specs[@]}"} \
+        --lengths "${LENGTHS// /,}" --trials "$TRIALS" --haystack classic --dtype "$DTYPE" \
+        --output "$OUT" "$@"
+}
+while [ "$(run --resume --max-trials 1 | tee /dev/stderr | grep -c "^stopped with" || true)" != 0 ]; do :; done
