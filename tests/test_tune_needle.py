@@ -6,6 +6,7 @@ import json
 import math
 import random
 import re
+import shlex
 
 import pytest
 import torch
@@ -213,7 +214,18 @@ def test_tune_objective_resumes_within_its_budget(model_dir, tmp_path, capsys, o
     data = text_dataset(tmp_path / "data", {"a": 1500})
     out = tmp_path / "out"
     assert tune(model_dir, data, out, 2, "--objective", objective, "--needles", "3") == 0
-    assert "(2 computed now)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "(2 computed now)" in printed
+    # the retrieval check to run before shipping: N/2, 3N/4 and N against YaRN's defaults
+    check = (
+        f"yarnlib eval passkey --model {model_dir} --methods yarn:4 --spec "
+        f"{out / 'best.json'} --lengths {N // 2},{3 * N // 4},{N} --output {out / 'passkey'}"
+    )
+    assert check in printed
+    if objective == "needle":  # and it runs as printed (3 prompts a length here)
+        assert main([*shlex.split(check)[1:], "--trials", "3"]) == 0
+        result = json.loads((out / "passkey" / "passkey.json").read_text())
+        assert {r["method"] for r in result["cells"]} == {"yarn:4", "spec:best"}
     assert tune(model_dir, data, out, 3, "--objective", objective, "--needles", "3") == 0
     assert "(1 computed now)" in capsys.readouterr().out
     records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]

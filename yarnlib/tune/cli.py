@@ -227,7 +227,19 @@ def run(args) -> int:
         print(f"{label}: {final[name]['calibration']['objective']:.4f}  {final[name]['key']}")
     print(f"best: {to_spec(native, original, search.best_point).describe()}")
     print(f"spec: {output / BEST}; results: {output / FINAL}")
+    print(check_command(args.model, output / BEST, length, original))
     return 0
+
+
+def check_command(model: str, spec_file: Path, length: int, original: int) -> str:
+    """The passkey run to do before shipping a tuned spec, against YaRN's defaults on the same
+    prompts: a spec tuned at one length can lose retrieval at shorter ones (docs/tune.md)."""
+    lengths = ",".join(str(n) for n in sorted({length // 2, 3 * length // 4, length}))
+    return (
+        f"check retrieval at the lengths you serve before shipping it (docs/tune.md):\n"
+        f"  yarnlib eval passkey --model {model} --methods yarn:{length / original:g} "
+        f"--spec {spec_file} --lengths {lengths} --output {spec_file.parent / 'passkey'}"
+    )
 
 
 def _scores(record: dict) -> dict:
