@@ -195,3 +195,18 @@ def test_bad_pose_input_gets_one_line(setup, tmp_path, capsys, extra, field):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith(f"yarnlib finetune: error: {field}")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_target_below_the_original_context_names_the_target(setup, tmp_path, capsys):
+    """PoSE's default factor is target / original: a target below the model's L=256 is the
+    user's --target-length, not a factor below 1 they never gave (issue 52 D6)."""
+    model, data = setup
+    code = cli_main([
+        "finetune", "--model", str(model), "--dataset", str(data), "--output",
+        str(tmp_path / "run"), "--seq-len", str(SEQ), "--steps", "1", "--report-to", "none",
+        "--pose", "--target-length", "128",
+    ])  # fmt: skip
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err.startswith("yarnlib finetune: error: target_length: ")
+    assert "--target-length 128 is below the model's original context of 256 tokens" in err
+    assert "factor" not in err.split(";")[0] and not (tmp_path / "run").exists()

@@ -57,6 +57,12 @@ def pose_factor(config, target_length: int, original: int | None) -> float:
             "original_max_position_embeddings: the config does not record the original context; "
             "pass it (or --factor) explicitly"
         )
+    if target_length < original:  # the default factor would be < 1: name what the user gave
+        raise ValueError(
+            f"target_length: --target-length {target_length} is below the model's original "
+            f"context of {original} tokens (original_max_position_embeddings); allowed: "
+            f"--target-length >= {original}, or an explicit --factor"
+        )
     return target_length / original
 
 
