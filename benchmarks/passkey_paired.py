@@ -31,7 +31,7 @@ from yarnlib.spec_file import write_json
 
 # Settings that decide which prompts are drawn and how they are read; `model` is left out (a
 # trained model and its base are compared on purpose).
-SHARED = ("dtype", "seed", "distractors", "max_new_tokens", "layout", "haystack")
+SHARED = ("dtype", "seed", "distractors", "max_new_tokens", "layout", "haystack", "haystack_tokens")
 
 
 def load(folders: list[Path], rename: dict[str, str]) -> dict[str, dict[int, dict]]:

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 
 import pytest
 from benchmark_scripts import load
@@ -13,7 +14,7 @@ from yarnlib.eval import passkey
 from yarnlib.eval.methods import parse_methods
 from yarnlib.eval.passkey import Independent, by_length, cut, load_haystack
 from yarnlib.eval.stats import mcnemar_exact, wilson
-from yarnlib.eval.store import CellStore
+from yarnlib.eval.store import CellStore, settings_id
 
 
 @pytest.fixture(scope="module")
@@ -259,3 +260,85 @@ def test_two_runs_pair_prompt_by_prompt(model_dir, haystack, tmp_path, capsys):
     (other / "passkey.json").write_text(json.dumps(data))
     with pytest.raises(SystemExit, match="differ in {'dtype'"):
         script.main([str(tmp_path / "base"), str(other)])
+
+
+@pytest.mark.parametrize("text", ["", " \n\t\n  \n"])
+def test_a_blank_haystack_file_is_refused(model_dir, tmp_path, capsys, monkeypatch, text):
+    """An empty or whitespace-only file holds no text; the check comes before the blank lines
+    that separate documents, which would otherwise pass for text (issue 52 D1)."""
+    monkeypatch.setattr("yarnlib.eval.cli.load_model", pytest.fail)  # refused before loading
+    blank = tmp_path / "blank.txt"
+    blank.write_text(text)
+    args = ["eval", "passkey", "--model", str(model_dir), "--lengths", "200", "--haystack",
+            str(blank), "--output", str(tmp_path / "out")]  # fmt: skip
+    assert main(args) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert f"haystack: {blank} holds no text (empty or whitespace only)" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_draws_are_independent_across_lengths(tok, haystack):
+    """Each length draws its own keys, offsets and depths (and decoys): none is shared with
+    another length's trials, the same trial number included."""
+    layout = Independent(haystack[1], 0.0, 1.0, bins=3)
+    short, long = (layout.draws(tok, n, 9, seed=0) for n in (300, 500))
+    for i in range(3):  # key, filler offset, depth
+        assert not {d[i] for d in short} & {d[i] for d in long}
+    decoys = [
+        {k for *_, p in built(layout, tok, n, depth, 9, distractors=2)
+         for k in map(int, re.findall(r"key is (\d+)", tok.decode(p.input_ids))) if k != p.key}
+        for n in (300, 500) for depth in layout.cell_depths()[:1]
+    ]  # fmt: skip
+    assert len(decoys[0]) == len(decoys[1]) == 6 and not decoys[0] & decoys[1]
+
+
+def passkey_args(model_dir, hay, out, *extra):
+    return ["eval", "passkey", "--model", str(model_dir), "--methods", "yarn:2", "--lengths",
+            "200", "--trials", "4", "--depth-bins", "2", "--haystack", str(hay),
+            "--max-new-tokens", "2", "--output", str(out), *extra]  # fmt: skip
+
+
+def test_a_changed_haystack_is_drawn_again_on_resume(model_dir, tok, tmp_path, capsys):
+    """Cells and trials are keyed on the haystack's tokens: after the file changes, --resume
+    reuses neither the finished cell nor the finished trial cut from the old text, and ends
+    with the cells of a fresh run on the new text (issue 52 D2)."""
+    hay = tmp_path / "hay.txt"
+    hay.write_text(corpus_text(3000))
+    out = tmp_path / "out"
+    assert main(passkey_args(model_dir, hay, out, "--max-trials", "3")) == 0  # 1 cell + 1 trial
+    hay.write_text(corpus_text(150, seed=7))  # same path, another (much shorter) text
+    new_tokens = len(load_haystack(tok, [str(hay)]))
+    capsys.readouterr()
+    assert main(passkey_args(model_dir, hay, out, "--resume")) == 0
+    assert "computed 2 cells" in capsys.readouterr().out
+    resumed = json.loads((out / "passkey.json").read_text())
+    assert [c["resumed_trials"] for c in resumed["cells"]] == [0, 0]
+    assert all(a["offset"] < new_tokens for c in resumed["cells"] for a in c["answers"])
+    assert main(passkey_args(model_dir, hay, tmp_path / "fresh")) == 0
+    fresh = json.loads((tmp_path / "fresh" / "passkey.json").read_text())
+    assert [c["answers"] for c in resumed["cells"]] == [c["answers"] for c in fresh["cells"]]
+    assert resumed["settings"]["haystack_tokens"] == fresh["settings"]["haystack_tokens"]
+
+
+def test_cells_keyed_on_the_path_alone_are_reported_not_resumed(model_dir, tmp_path, capsys):
+    """Cells written before the haystack's text was keyed (their settings id: the settings
+    without ``haystack_tokens``): --report reads them as they are; a resumed computation
+    refuses them in one line, leaving the files as they were."""
+    hay = tmp_path / "hay.txt"
+    hay.write_text(corpus_text(3000))
+    out = tmp_path / "out"
+    assert main(passkey_args(model_dir, hay, out)) == 0
+    written = json.loads((out / "passkey.json").read_text())
+    by_path = {k: v for k, v in written["settings"].items() if k != "haystack_tokens"}
+    cells = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    old = "".join(json.dumps({**c, "settings_id": settings_id(by_path)}) + "\n" for c in cells)
+    (out / "cells.jsonl").write_text(old)
+    capsys.readouterr()
+    assert main(passkey_args(model_dir, hay, out, "--resume")) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert f"resume: {out / 'cells.jsonl'} holds 2 cells keyed on the haystack's path" in err
+    assert f"whether {hay} changed since" in err
+    assert (out / "cells.jsonl").read_text() == old
+    assert main(passkey_args(model_dir, hay, out, "--report")) == 0
+    reported = json.loads((out / "passkey.json").read_text())
+    assert [c["answers"] for c in reported["cells"]] == [c["answers"] for c in written["cells"]]

@@ -216,7 +216,7 @@ def passkey_layout(args, tokenizer):
 
 
 def run_passkey_cli(args) -> int:
-    from yarnlib.eval.passkey import TRIALS, by_length, min_length, run_passkey
+    from yarnlib.eval.passkey import TRIALS, by_length, cell_store, min_length, run_passkey
     from yarnlib.eval.perplexity import table
     from yarnlib.eval.plots import plot_passkey, plot_passkey_lengths
     from yarnlib.eval.stats import percent_interval
@@ -234,9 +234,10 @@ def run_passkey_cli(args) -> int:
     depths, layout, fields = passkey_layout(args, tokenizer)
     keys = ("method", "length", "depth")
     rows, labels = row_settings(methods), tuple(m.label for m in methods)
-    store = CellStore(
-        args.output, keys, settings(args, *fields), args.resume, row_settings=rows, labels=labels
-    )
+    store = cell_store(
+        args.output, settings(args, *fields), layout, args.resume, args.report,
+        row_settings=rows, labels=labels,
+    )  # fmt: skip
     computed = []
     if not (args.report or store.complete(methods, lengths, depths)):
         trial_store = CellStore(

@@ -26,16 +26,17 @@ import itertools
 import random
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from yarnlib.documents import load_documents
+from yarnlib.documents import DEFAULT_DATASET, load_documents
 from yarnlib.eval.measure import Meter
 from yarnlib.eval.methods import Method, apply_method, scaling_fields
 from yarnlib.eval.stats import rate_fields
-from yarnlib.eval.store import CellStore
+from yarnlib.eval.store import CELLS, CellStore, content_id
 from yarnlib.patches.patch import declare_length, patch_state
 from yarnlib.spec import RopeScaling
 
@@ -145,12 +146,41 @@ def load_haystack(tokenizer, sources: list[str] | None) -> list[int]:
         docs = load_documents(sources)
     except ValueError as error:  # the same checks as a dataset, named as the option
         raise ValueError(str(error).replace("dataset:", "haystack:", 1)) from None
+    texts = [text for _, text in docs if text.strip()]  # a blank one adds only blank lines
+    if not texts:  # checked before the blank lines are appended, which would pass for text
+        named = ", ".join(sources or [str(DEFAULT_DATASET)])
+        raise ValueError(
+            f"haystack: {named} holds no text (empty or whitespace only); allowed: files with text"
+        )
     ids: list[int] = []
-    for _, text in docs:
+    for text in texts:
         ids += _ids(tokenizer, text + "\n\n")
-    if not ids:
-        raise ValueError(f"haystack: {sources!r} holds no text; allowed: non-empty documents")
     return ids
+
+
+CELL_KEYS = ("method", "length", "depth")
+
+
+def cell_store(output, settings: dict, layout, resume: bool, report: bool, **options) -> CellStore:
+    """The cells of a passkey run. A haystack of text keys them on its tokens
+    (``haystack_tokens``), not only its path: after the file changes, ``--resume`` draws the
+    trials again from the new text instead of pooling those cut from the old one. Cells keyed
+    on the path alone (written before) cannot tell whether the text changed since: ``--report``
+    (which computes nothing) still reads them as they are, a resumed computation refuses them."""
+    if layout is None or layout.haystack is None:  # the classic sentences: no file to change
+        return CellStore(output, CELL_KEYS, settings, resume, **options)
+    keyed = {**settings, "haystack_tokens": content_id([torch.tensor(layout.haystack)])}
+    if report:
+        return CellStore(output, CELL_KEYS, keyed, resume, aliases=(settings,), **options)
+    if resume and (old := CellStore(output, CELL_KEYS, settings, True, **options).done):
+        named = ", ".join(settings["haystack"] or ["the packaged plays"])
+        raise ValueError(
+            f"resume: {Path(output) / CELLS} holds {len(old)} cells keyed on the haystack's path "
+            f"alone (written before passkey keyed them on its text), which cannot tell whether "
+            f"{named} changed since; allowed: --report to read them as they are, or a run "
+            "without --resume (or another --output) to draw them again"
+        )
+    return CellStore(output, CELL_KEYS, keyed, resume, **options)
 
 
 def cut(haystack: list[int], offset: int, count: int) -> list[int]:
