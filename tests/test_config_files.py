@@ -294,6 +294,32 @@ def test_idempotent_and_never_compounds(folder, form):
             assert (path / name).read_bytes() == (fresh / name).read_bytes()
 
 
+def test_a_second_rewrite_keeps_the_original_the_user_gave(folder):
+    """Qwen3-8B's config says 40960 while its original context is 32768: once scaled with the
+    true original, a later --factor (no original given) rescales from it, as vllm-args and
+    yarnlib.patch do, and --method none gives the native file's length back."""
+
+    def with_longer_native(name: str) -> Path:
+        path = folder("qwen3", "v4", name)
+        config = json.loads((path / "config.json").read_text())
+        config["max_position_embeddings"] = L + 64  # 320: the native file overstates L
+        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return path
+
+    path = with_longer_native("scaled")
+    flags = ("--original-max-position-embeddings", str(L), "--in-place")
+    assert config(path, "--factor", "4", *flags) == 0
+    assert current_spec(path) == RopeScaling("yarn", 4.0, L, THETA, HEAD_DIM)
+    assert config(path, "--factor", "2", "--in-place") == 0
+    assert current_spec(path) == RopeScaling("yarn", 2.0, L, THETA, HEAD_DIM)
+    assert json.loads((path / "config.json").read_text())["max_position_embeddings"] == 2 * L
+    fresh = with_longer_native("fresh")
+    assert config(fresh, "--factor", "2", *flags) == 0
+    assert (path / "config.json").read_bytes() == (fresh / "config.json").read_bytes()
+    assert config(path, "--method", "none", "--in-place") == 0
+    assert json.loads((path / "config.json").read_text())["max_position_embeddings"] == L + 64
+
+
 def styled(path: Path, style: str) -> None:
     """Rewrite config.json in a formatting transformers would not produce."""
     config = json.loads((path / "config.json").read_text())

@@ -202,17 +202,30 @@ def target_spec(
 ) -> RopeScaling:
     """The spec for ``method``/``factor`` on this model: its unscaled rope_theta and rotary dim,
     and its original context unless given (the one recorded in an already scaled config)."""
-    native_config = json.loads(native_files(read_files(model_dir))[CONFIG])
+    texts = read_files(model_dir)
+    native_config = json.loads(native_files(texts)[CONFIG])
     native = from_hf(native_config)
+    method = canonical_method("yarn" if method is None else method)
+    if original_max_position_embeddings is None and method != "none":
+        original_max_position_embeddings = _recorded_original(json.loads(texts[CONFIG]))
     if original_max_position_embeddings is None and not native.is_checkpoint_scaling:
         check_one_original(native_config)
-    method = canonical_method("yarn" if method is None else method)
     if factor is None:
         if method != "none":
             raise ValueError(f"factor is required for method {method!r} (e.g. --factor 4)")
         factor = 1.0
     knobs = {k: v for k, v in knobs.items() if v is not None}
     return native.rescaled(method, factor, original_max_position_embeddings, **knobs)
+
+
+def _recorded_original(config: dict[str, Any]) -> int | None:
+    """The original context yarnlib scaled this folder from, where it wrote the files: it may be
+    one the user gave (Qwen3-8B: 32768, not the native file's 40960), and a second rewrite keeps
+    it rather than taking the native max_position_embeddings."""
+    if RECORD not in config and MARKER not in config:
+        return None
+    current = from_hf(config)
+    return None if current.method == "none" else current.original_max_position_embeddings
 
 
 def check_one_original(config: dict[str, Any]) -> None:
