@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import yarnlib
@@ -69,6 +70,14 @@ def check_methods(config, methods: list[Method]) -> RopeScaling:
     for m in methods:
         if m.method != "none":
             native.rescaled(m.method, m.factor)
+    if native.method != "none" and any(m.method == "none" for m in methods):
+        print(
+            f"warning: methods: the 'none' row runs the model as saved, and its config.json "
+            f"already scales the RoPE ({native.describe()}): that row is not the unscaled model; "
+            "to compare with it, evaluate the folder before `yarnlib config` (or a copy after "
+            "`yarnlib config --reset`)",
+            file=sys.stderr,
+        )
     return native
 
 
