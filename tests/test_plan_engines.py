@@ -165,3 +165,40 @@ def test_accelerate_reads_the_config(tmp_path, cp, nodes, shard):
     replicas = parallelism.get("parallelism_config_dp_replicate_size", 1)
     shards = parallelism.get("parallelism_config_dp_shard_size", 8 * nodes)
     assert replicas * shards * cp == 8 * nodes
+
+
+def test_verl_apply_keeps_the_planned_tokens_per_gpu(tmp_path):
+    # issue 50 item 2: verl packs ppo_max_token_len_per_gpu × sp tokens per micro-batch and
+    # splits them over the sp ranks; verl.apply raised the budget to the whole sequence, so
+    # each GPU got sp× the tokens the plan was made for
+    pytest.importorskip("verl")
+    import torch
+    from tensordict import TensorDict
+    from test_verl_config import USER, tiny_folder
+    from verl.utils import tensordict_utils
+    from verl.workers.engine.utils import prepare_micro_batches
+
+    from yarnlib import RopeScaling
+    from yarnlib.integrations import verl
+
+    shape = shape_from_config(QWEN25_7B)
+    setup = planner.Setup(shape, "verl", 8192, 8, 1, 140 * GIB, prompt=2048, response=6144)
+    plan = planner.evaluate(setup, sp=4, cp=1, tp=1, offload="none")
+    assert plan.fits and plan.tokens_per_gpu == 2048
+    user = fragments.merge(yaml.safe_load(yaml.safe_dump(USER)), fragments.verl(plan))
+    user["actor_rollout_ref"]["model"]["path"] = str(tiny_folder(tmp_path / "tiny", "qwen2"))
+    cfg = verl.apply(user, RopeScaling("yarn", 32.0, 256, 50000.0, 16), output=tmp_path / "out")
+    actor = cfg["actor_rollout_ref"]["actor"]
+    # verl's own packing of 4 responses of 8192 tokens with the applied settings
+    n, length = 4, 8192
+    ones = torch.ones(n, length, dtype=torch.long)
+    batch = TensorDict({"input_ids": ones, "attention_mask": ones}, batch_size=[n])
+    tensordict_utils.assign_non_tensor(
+        batch,
+        use_dynamic_bsz=True,
+        sp_size=actor["ulysses_sequence_parallel_size"],
+        max_token_len_per_gpu=actor["ppo_max_token_len_per_gpu"],
+    )
+    micro_batches, _ = prepare_micro_batches(batch)
+    per_gpu = [int(m["attention_mask"].sum()) // 4 for m in micro_batches]
+    assert per_gpu == [plan.tokens_per_gpu] * n

@@ -96,5 +96,15 @@ def apply(
     actor = section(cfg, "actor_rollout_ref.actor")
     if actor.get("use_dynamic_bsz"):  # a packed micro-batch must hold one whole sequence
         budget = actor.get("ppo_max_token_len_per_gpu") or 0
-        actor["ppo_max_token_len_per_gpu"] = max(budget, max_model_len)
+        needed = whole_sequence_budget(actor, max_model_len)
+        actor["ppo_max_token_len_per_gpu"] = max(budget, needed)
     return cfg
+
+
+def whole_sequence_budget(actor: Mapping[str, Any], max_model_len: int) -> int:
+    """The least ``ppo_max_token_len_per_gpu`` that packs one ``max_model_len`` sequence: verl
+    packs up to that budget × the Ulysses degree per micro-batch (``prepare_micro_batches``)
+    and splits it over the sp ranks, so a larger budget would put more tokens on each GPU
+    than a plan made for one sequence per micro-batch."""
+    sp = actor.get("ulysses_sequence_parallel_size") or 1
+    return -(-max_model_len // sp)

@@ -10,22 +10,25 @@ from dataclasses import asdict
 
 import yaml
 
-from yarnlib.plan import fragments, parallel, planner
+from yarnlib.plan import fragments, parallel, planner, rope
 from yarnlib.plan.memory import ATTENTION
 from yarnlib.plan.shapes import read_config, shape_from_config
 
 GIB = 1024**3
-UNITS = {"gb": 10**9, "gib": GIB, "tb": 10**12, "tib": 1024**4}
+UNITS = {"mb": 10**6, "mib": 1024**2, "gb": 10**9, "gib": GIB, "tb": 10**12, "tib": 1024**4}
+UNIT_NAMES = "MB, MiB, GB, GiB, TB or TiB (e.g. 141GB, 80GiB, 81559MiB as nvidia-smi shows)"
 DESCRIPTION = "Will a long-context run fit? Per-GPU memory and the engine settings that fit."
 
 
 def parse_bytes(field: str, text: str) -> int:
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)\s*", text)
-    if not match or match.group(2).lower() not in UNITS:
-        raise ValueError(
-            f"{field}: {text!r} needs a unit; allowed: a number with GB, GiB, TB or TiB "
-            "(e.g. 141GB, 80GiB)"
-        )
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not match:
+        raise ValueError(f"{field}: {text!r} is not a number with a unit; allowed: {UNIT_NAMES}")
+    unit = match.group(2)
+    if not unit:
+        raise ValueError(f"{field}: {text!r} needs a unit; allowed: {UNIT_NAMES}")
+    if unit.lower() not in UNITS:
+        raise ValueError(f"{field}: unit {unit!r} of {text!r} is not known; allowed: {UNIT_NAMES}")
     value = float(match.group(1)) * UNITS[match.group(2).lower()]
     if value <= 0:
         raise ValueError(f"{field}: {text!r} must be positive")
@@ -130,12 +133,9 @@ def report(setup: planner.Setup) -> dict:
             out["command"] = fragments.finetune_command(plan)
     else:
         out["suggestions"] = planner.suggestions(setup)
-    if shape.max_position_embeddings and s.context > shape.max_position_embeddings:
-        out["rope"] = (
-            f"{s.context} tokens exceed the config's max_position_embeddings "
-            f"{shape.max_position_embeddings}: scale the RoPE first, e.g. yarnlib config MODEL "
-            f"--method yarn --factor {s.context / shape.max_position_embeddings:g} --output DIR"
-        )
+    advice = rope.hint(shape.rope, s.context)
+    if advice:
+        out["rope"] = advice
     return out
 
 

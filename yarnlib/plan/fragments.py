@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from yarnlib.plan import rope
 from yarnlib.plan.planner import Plan
 
 
@@ -95,8 +96,7 @@ def easyr1(plan: Plan) -> dict[str, Any]:
                 "tensor_parallel_size": plan.tp,
                 "gpu_memory_utilization": plan.utilization,
                 "max_model_len": s.context,
-                # EasyR1 turns chunked prefill off: vLLM then needs the whole sequence per step
-                "max_num_batched_tokens": max(s.batched_tokens, s.context),
+                "max_num_batched_tokens": s.vllm_batched_tokens,
             },
         },
         "trainer": {"n_gpus_per_node": s.gpus, "nnodes": s.nodes},
@@ -172,9 +172,10 @@ def finetune_command(plan: Plan) -> str:
         flags.append("--no-gradient-checkpointing")
     if plan.cp > 1:
         flags.append("--attn-implementation sdpa")
+    rope_flags = rope.finetune_flags(s.shape.rope, s.context)
     return (
         "accelerate launch --config_file plan_accelerate.yaml -m yarnlib.finetune --model MODEL "
-        "--method yarn --factor FACTOR --dataset DATA --steps STEPS --output OUT " + " ".join(flags)
+        f"{rope_flags} --dataset DATA --steps STEPS --output OUT " + " ".join(flags)
     )
 
 

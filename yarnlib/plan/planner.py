@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from yarnlib.finetune.checks import sequence_multiple
 from yarnlib.plan import memory, parallel, rollout
 from yarnlib.plan.shapes import ModelShape
 
@@ -61,6 +62,14 @@ class Setup:
     @property
     def world(self) -> int:
         return self.gpus * self.nodes
+
+    @property
+    def vllm_batched_tokens(self) -> int:
+        """vLLM's max_num_batched_tokens as the engine runs it: EasyR1 turns chunked prefill
+        off, and vLLM then needs the whole sequence in one step."""
+        if self.engine == "easyr1":
+            return max(self.batched_tokens, self.context)
+        return self.batched_tokens
 
     @property
     def logits_mode(self) -> str:
@@ -147,7 +156,9 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
     lines["log-prob forward (no grad)"] = logprob
     plan.phases["log-prob"] = resident + lines["FSDP working copies (bf16)"] + logprob + s.reserve
     plan.utilization = s.utilization or _utilization(s, resident)
-    budget = rollout.gpu_kv_budget(s.shape, s.gpu_bytes, plan.utilization, tp, s.batched_tokens)
+    budget = rollout.gpu_kv_budget(
+        s.shape, s.gpu_bytes, plan.utilization, tp, s.vllm_batched_tokens
+    )
     plan.kv = rollout.kv_cache(budget, s.shape, tp)
     lines["vLLM weights (bf16, per TP rank)"] = rollout.weight_bytes(s.shape, tp)
     lines["vLLM KV cache"] = plan.kv.budget
@@ -217,7 +228,8 @@ def choose(s: Setup) -> Plan:
 
 
 def suggestions(s: Setup) -> list[str]:
-    """The smallest single changes that make ``s`` fit, as one line each."""
+    """The smallest single changes that make ``s`` fit, as one line each; each was planned
+    exactly as the command would run with the flags it names added."""
     found = []
     if s.offload != "all":
         if choose(replace(s, offload="all")).fits:
@@ -226,7 +238,7 @@ def suggestions(s: Setup) -> list[str]:
         if choose(replace(s, logits="chunked")).fits:
             found.append("compute the loss in chunks (--logits chunked)")
     for nodes in (s.nodes * 2, s.nodes * 4):
-        if choose(replace(s, nodes=nodes, sp=None, cp=None)).fits:
+        if choose(replace(s, nodes=nodes)).fits:
             found.append(f"more GPUs: {nodes} nodes × {s.gpus} (--nodes {nodes})")
             break
     shorter = _longest_fitting(s)
@@ -235,18 +247,37 @@ def suggestions(s: Setup) -> list[str]:
     return found
 
 
+def _shortened(s: Setup, length: int) -> Setup:
+    """``s`` with a sequence of ``length`` tokens: the context shrinks down to prompt +
+    response, then the response (GRPO) with it."""
+    if s.engine in GRPO and s.response:
+        return replace(s, context=length, response=min(s.response, length - s.prompt))
+    return replace(s, context=length)
+
+
 def _longest_fitting(s: Setup) -> str | None:
-    """The longest response (GRPO) or training window (finetune) that fits, in 1024s."""
+    """The longest sequence below ``s.context`` that fits: a shorter context (while it still
+    holds prompt + response), else a shorter response (GRPO) or training window (finetune).
+    Lengths step by 1024 tokens, or by what a given ``--cp`` splits (2·cp chunks)."""
     fixed = s.prompt if s.engine in GRPO and s.response else 0
-    low, high = 0, (s.context - fixed) // 1024
-    while low < high:  # the largest k with a fitting context of fixed + k·1024
+    step = math.lcm(1024, sequence_multiple(s.cp or 1, 1))
+    low, high = 0, (s.context - fixed - 1) // step
+    while low < high:  # the largest k with a fitting sequence of fixed + k·step tokens
         mid = (low + high + 1) // 2
-        if choose(replace(s, context=fixed + mid * 1024, response=mid * 1024)).fits:
+        if choose(_shortened(s, fixed + mid * step)).fits:
             low = mid
         else:
             high = mid - 1
     if low == 0:
         return None
-    if fixed:
-        return f"a shorter response: {low * 1024} tokens (--response {low * 1024})"
-    return f"a shorter training window: {low * 1024} tokens (--context {low * 1024})"
+    length = fixed + low * step
+    if not fixed:
+        kind = "training window" if s.engine == "finetune" else "context"
+        return f"a shorter {kind}: {length} tokens (--context {length})"
+    if length >= s.prompt + s.response:
+        return f"a shorter context: {length} tokens (--context {length})"
+    response = length - s.prompt
+    flags = f"--response {response}"
+    if s.context != s.prompt + s.response:  # the user gave --context: it must shrink as well
+        flags += f" --context {length}"
+    return f"a shorter response: {response} tokens ({flags})"

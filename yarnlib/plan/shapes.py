@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Qwen3's model cards: 32768 tokens of pre-training context; config.json says 40960 to leave
+# room for the output, and the YaRN recipe scales 32768
+PUBLISHED_ORIGINALS = {("qwen3", 40960): 32768, ("qwen3_moe", 40960): 32768}
 # model_type → the decoder layer class FSDP wraps (accelerate's TRANSFORMER_BASED_WRAP)
 LAYER_CLASSES = {
     "llama": "LlamaDecoderLayer",
@@ -16,6 +19,17 @@ LAYER_CLASSES = {
     "qwen3_moe": "Qwen3MoeDecoderLayer",
 }
 ARCHITECTURES = tuple(LAYER_CLASSES)
+
+
+@dataclass(frozen=True)
+class RopeContext:
+    """The lengths a config's RoPE stands for."""
+
+    method: str  # the scaling config.json runs ("none": the native RoPE)
+    factor: float
+    original: int  # L: the pre-training context a factor multiplies
+    covered: int  # tokens the RoPE as configured is meant for (L × factor when scaled)
+    own_scaling: bool  # the checkpoint's own scaling (llama3, longrope): yarnlib keeps it
 
 
 @dataclass(frozen=True)
@@ -34,6 +48,7 @@ class ModelShape:
     num_experts: int = 0  # 0: a dense MLP
     num_experts_per_tok: int = 0
     max_position_embeddings: int = 0
+    rope: RopeContext | None = None  # the context the RoPE covers (None: no length in config)
 
     @property
     def layer_class(self) -> str:
@@ -90,6 +105,54 @@ def _field(config: dict[str, Any], key: str, minimum: int = 1) -> int:
     return value
 
 
+def _optional(config: dict[str, Any], key: str, default: int) -> int:
+    """An integer field transformers derives when it is missing or null."""
+    return default if config.get(key) is None else _field(config, key)
+
+
+def _flag(config: dict[str, Any], key: str) -> bool:
+    value = config.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"config.json: {key} must be true or false, got {value!r}")
+    return value
+
+
+def _heads(config: dict[str, Any]) -> tuple[int, int, int]:
+    """(attention heads, kv heads, head_dim), as transformers derives the missing ones."""
+    heads = _field(config, "num_attention_heads")
+    hidden = _field(config, "hidden_size")
+    kv_heads = _optional(config, "num_key_value_heads", heads)
+    if heads % kv_heads:
+        allowed = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        raise ValueError(
+            f"config.json: num_key_value_heads {kv_heads} does not divide num_attention_heads "
+            f"{heads} (each kv head serves a group of query heads); allowed: {allowed}"
+        )
+    if config.get("head_dim") is None and hidden < heads:
+        raise ValueError(
+            f"config.json: head_dim is missing and hidden_size {hidden} < num_attention_heads "
+            f"{heads} gives 0; allowed: a head_dim >= 1"
+        )
+    return heads, kv_heads, _optional(config, "head_dim", hidden // heads)
+
+
+def rope_context(config: dict[str, Any], max_position_embeddings: int) -> RopeContext | None:
+    """What the RoPE in ``config`` covers, read as yarnlib reads it everywhere (``from_hf``)."""
+    if not max_position_embeddings:
+        return None
+    from yarnlib.spec import RopeScaling  # the spec layer, only for configs with a length
+
+    spec = RopeScaling.from_hf(config)
+    original = spec.original_max_position_embeddings or max_position_embeddings
+    if spec.is_checkpoint_scaling:
+        return RopeContext(spec.method, spec.factor, original, max_position_embeddings, True)
+    if spec.method == "none":
+        key = (config.get("model_type"), max_position_embeddings)
+        original = PUBLISHED_ORIGINALS.get(key, max_position_embeddings)
+        return RopeContext("none", 1.0, original, max_position_embeddings, False)
+    return RopeContext(spec.method, spec.factor, original, spec.max_position_embeddings, False)
+
+
 def shape_from_config(config: dict[str, Any]) -> ModelShape:
     model_type = config.get("model_type")
     if model_type not in LAYER_CLASSES:
@@ -97,31 +160,30 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
             f"config.json: model_type {model_type!r} is not planned; allowed: "
             f"{', '.join(ARCHITECTURES)}"
         )
-    heads = _field(config, "num_attention_heads")
-    hidden = _field(config, "hidden_size")
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
+    heads, kv_heads, head_dim = _heads(config)
     moe = model_type == "qwen3_moe"
     if moe and (config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1):
         raise ValueError(
             "config.json: mlp_only_layers / decoder_sparse_step: dense layers inside a MoE "
             "model are not planned; allowed: every layer MoE (decoder_sparse_step 1)"
         )
+    length = _optional(config, "max_position_embeddings", 0)
     return ModelShape(
         model_type=model_type,
         num_hidden_layers=_field(config, "num_hidden_layers"),
-        hidden_size=hidden,
+        hidden_size=_field(config, "hidden_size"),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
         intermediate_size=_field(config, "moe_intermediate_size" if moe else "intermediate_size"),
         vocab_size=_field(config, "vocab_size"),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
+        tie_word_embeddings=_flag(config, "tie_word_embeddings"),
+        attention_bias=model_type == "qwen2" or _flag(config, "attention_bias"),
         qk_norm=model_type in ("qwen3", "qwen3_moe"),
         num_experts=_field(config, "num_experts") if moe else 0,
         num_experts_per_tok=_field(config, "num_experts_per_tok") if moe else 0,
-        max_position_embeddings=config.get("max_position_embeddings") or 0,
+        max_position_embeddings=length,
+        rope=rope_context(config, length),
     )
 
 
