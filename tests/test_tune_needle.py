@@ -92,7 +92,7 @@ def test_needle_objective_equals_the_key_tokens_nll_of_plain_transformers(tok, t
     config = AutoConfig.for_model("llama", **{**fields, **native_rope_keys(spec)})
     plain = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     plain.load_state_dict(model.state_dict())
-    answer_nll, text_nll = [], []
+    answer_nll, text_nll, within_nll = [], [], []
     for window in windows:
         ids = window.input_ids
         with torch.no_grad():
@@ -101,12 +101,26 @@ def test_needle_objective_equals_the_key_tokens_nll_of_plain_transformers(tok, t
         answers = by_hand_answers(tok, ids.tolist(), window.keys)
         answer_nll += [float(nll[p - 1]) for p in answers]
         text_nll += [float(nll[p - 1]) for p in range(L, N) if p not in answers]
+        within_nll += [float(nll[p - 1]) for p in range(1, L) if p not in answers]  # 0: no NLL
     needle = sum(answer_nll) / len(answer_nll)
     text = sum(text_nll) / len(text_nll)
     assert got["objective"] == got["needle_nll"] == pytest.approx(needle, abs=2e-5)
     assert got["answer_tokens"] == len(answer_nll)
     assert mixed["nll_beyond_original"] == pytest.approx(text, abs=2e-5)
     assert mixed["objective"] == pytest.approx(0.7 * text + 0.3 * needle, abs=2e-5)
+    within = sum(within_nll) / len(within_nll)
+    assert got["nll_within_original"] == mixed["nll_within_original"]
+    assert got["nll_within_original"] == pytest.approx(within, abs=2e-5)
+    assert all_finite(got) and all_finite(mixed)
+
+
+def all_finite(payload) -> bool:
+    """Whether every number in a JSON-like payload is finite (json reads NaN back as NaN)."""
+    if isinstance(payload, dict):
+        return all(all_finite(v) for v in payload.values())
+    if isinstance(payload, list):
+        return all(all_finite(v) for v in payload)
+    return not isinstance(payload, float) or math.isfinite(payload)
 
 
 # A task where retrieval needs a slow frequency and local prediction wants it turned faster.
@@ -226,7 +240,9 @@ def test_tune_objective_resumes_within_its_budget(model_dir, tmp_path, capsys, o
         assert main([*shlex.split(check)[1:], "--trials", "3"]) == 0
         result = json.loads((out / "passkey" / "passkey.json").read_text())
         assert {r["method"] for r in result["cells"]} == {"yarn:4", "spec:best"}
-    assert tune(model_dir, data, out, 3, "--objective", objective, "--needles", "3") == 0
+    # --mix-weight is no parameter of the needle objective: given, it continues the search
+    weight = ["--mix-weight", "0.3"] if objective == "needle" else []
+    assert tune(model_dir, data, out, 3, "--objective", objective, "--needles", "3", *weight) == 0
     assert "(1 computed now)" in capsys.readouterr().out
     records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     assert len(records) == 3 and all(r["answer_tokens"] > 0 for r in records)
@@ -241,9 +257,20 @@ def test_tune_objective_resumes_within_its_budget(model_dir, tmp_path, capsys, o
     assert final["settings"]["objective"] == objective
     assert final["best"]["calibration"]["objective"] == min(r["objective"] for r in records)
     assert "needle_nll" in final["best"]["held_out"]
-    # trials of another objective are not taken for these: a plain nll run starts afresh
-    assert tune(model_dir, data, out, 1) == 0
-    assert "(1 computed now)" in capsys.readouterr().out
+    assert all_finite(records) and all_finite(final)
+    # best.json and final.json record what was minimised
+    minimised = {"objective": objective, "needles": 3}
+    minimised.update({"mix_weight": 0.1} if objective == "mix" else {})
+    best = json.loads((out / "best.json").read_text())
+    assert best["minimised"] == final["minimised"] == minimised
+    # another objective in this folder would start over and replace them: refused
+    kept = {name: (out / name).read_bytes() for name in ("best.json", "final.json", "trials.jsonl")}
+    assert tune(model_dir, data, out, 1) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert f"objective: {out} holds a search minimising {objective} (needles 3" in err
+    assert "this run asks for nll;" in err
+    assert f"allowed: --objective {objective} --needles 3" in err
+    assert {name: (out / name).read_bytes() for name in kept} == kept
 
 
 @pytest.mark.parametrize(
@@ -260,3 +287,51 @@ def test_bad_objective_input_is_refused_by_name(model_dir, tmp_path, capsys, ext
     assert tune(model_dir, data, tmp_path / "out", 2, *extra) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_another_objective_parameter_in_the_folder_is_refused(model_dir, tmp_path, capsys):
+    """A mix search's folder refuses another --mix-weight, --needles or --objective in one line
+    (exit 2) before loading anything, its files left as they were; a search from before
+    best.json recorded its objective is checked against final.json's settings (issue 52 D3)."""
+    data = text_dataset(tmp_path / "data", {"a": 1500})
+    out = tmp_path / "out"
+    mix = ["--objective", "mix", "--needles", "3"]
+    assert tune(model_dir, data, out, 1, *mix) == 0
+    kept = {name: (out / name).read_bytes() for name in ("best.json", "final.json", "trials.jsonl")}
+    capsys.readouterr()
+    for extra, field, asked in (
+        (["--mix-weight", "0.3"], "mix_weight", "mix (needles 3, mix_weight 0.3)"),
+        (["--needles", "2"], "needles", "mix (needles 2, mix_weight 0.1)"),
+        (["--objective", "needle"], "objective", "needle (needles 3)"),
+    ):
+        assert tune(model_dir, data, out, 2, *mix, *extra) == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert f"{field}: {out} holds a search minimising mix (needles 3, mix_weight 0.1) " in err
+        assert f"(best.json), this run asks for {asked}; allowed: " in err
+        assert "allowed: --objective mix --needles 3 --mix-weight 0.1 to continue it" in err
+        assert {name: (out / name).read_bytes() for name in kept} == kept
+    best = json.loads(kept["best.json"])
+    del best["minimised"]  # as written before best.json recorded it
+    (out / "best.json").write_text(json.dumps(best))
+    assert tune(model_dir, data, out, 2, *mix, "--mix-weight", "0.3") == 2
+    assert "mix_weight 0.1) (final.json)" in capsys.readouterr().err
+
+
+def test_trials_of_another_mix_weight_are_not_reused(model_dir, tmp_path, capsys):
+    """The trials are keyed on the mix weight: with the folder's best.json and final.json gone
+    (nothing left to refuse by), a search with another weight computes every trial, each the
+    mix of its own weight, not the stored ones of the other."""
+    data = text_dataset(tmp_path / "data", {"a": 1500})
+    out = tmp_path / "out"
+    mix = ["--objective", "mix", "--needles", "3"]
+    assert tune(model_dir, data, out, 2, *mix, "--mix-weight", "0.1") == 0
+    (out / "best.json").unlink()
+    (out / "final.json").unlink()
+    capsys.readouterr()
+    assert tune(model_dir, data, out, 2, *mix, "--mix-weight", "0.3") == 0
+    assert "(2 computed now)" in capsys.readouterr().out
+    records = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert len(records) == 4
+    for r, weight in zip(records, (0.1, 0.1, 0.3, 0.3), strict=True):
+        want = (1 - weight) * r["nll_beyond_original"] + weight * r["needle_nll"]
+        assert r["objective"] == pytest.approx(want, abs=1e-12)

@@ -46,19 +46,65 @@ def samples_of(field: str, sources, tokenizer, text_column: str, length: int, co
     return samples
 
 
-def check_same_target(best: Path, target_length: int) -> None:
-    """A folder's search is for one target length: another would start over and replace its
-    best.json, so it is refused."""
+def _recorded(path: Path) -> dict:
+    """The JSON object in ``path``; {} where there is none (no file yet, or not ours)."""
     try:
-        found = json.loads(best.read_text()).get("target_length")
-    except (OSError, ValueError, AttributeError):  # no best.json yet (or not ours): nothing to keep
-        return
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+# the objective's options, as best.json and final.json record them and as they are given
+OBJECTIVE_OPTIONS = {
+    "objective": "--objective", "needles": "--needles", "mix_weight": "--mix-weight"
+}  # fmt: skip
+
+
+def recorded_objective(output: Path) -> tuple[dict, str]:
+    """What the search in ``output`` minimised and the file that says so: best.json's record,
+    else (a search from before best.json recorded it) final.json's settings."""
+    recorded = _recorded(output / BEST).get("minimised")
+    if isinstance(recorded, dict):
+        return recorded, BEST
+    settings = _recorded(output / FINAL).get("settings")
+    if not isinstance(settings, dict):  # no search finished here (or not ours)
+        return {}, FINAL
+    found = {k: settings[k] for k in OBJECTIVE_OPTIONS if k in settings}
+    return {"objective": "nll", **found}, FINAL  # before --objective existed: nll
+
+
+def check_same_search(output: Path, target_length: int, minimised: dict) -> None:
+    """A folder holds one search, for one target length and one objective: another would start
+    over and replace its best.json and final.json, so it is refused."""
+    found = _recorded(output / BEST).get("target_length")
     if found is not None and found != target_length:
         raise ValueError(
-            f"target_length: {best.parent} holds a search for {found} tokens ({best.name}), this "
-            f"run asks for {target_length}; allowed: --target-length {found} to continue it, or "
-            "another --output"
+            f"target_length: {output} holds a search for {found} tokens ({BEST}), this run asks "
+            f"for {target_length}; allowed: --target-length {found} to continue it, or another "
+            "--output"
         )
+    recorded, source = recorded_objective(output)
+    if not recorded:  # nothing searched here yet (or nothing recorded): nothing to replace
+        return
+    for field in OBJECTIVE_OPTIONS:
+        if recorded.get(field) != minimised.get(field):
+            raise ValueError(
+                f"{field}: {output} holds a search minimising {_described(recorded)} ({source}), "
+                f"this run asks for {_described(minimised)}; allowed: {_as_options(recorded)} to "
+                "continue it, or another --output"
+            )
+
+
+def _described(minimised: dict) -> str:
+    """``mix (needles 4, mix_weight 0.1)``: an objective and its parameters."""
+    params = ", ".join(f"{k} {v}" for k, v in minimised.items() if k != "objective")
+    return f"{minimised.get('objective')}" + (f" ({params})" if params else "")
+
+
+def _as_options(minimised: dict) -> str:
+    """``--objective mix --needles 4 --mix-weight 0.1``: the options that ask for it."""
+    return " ".join(f"{o} {minimised[k]}" for k, o in OBJECTIVE_OPTIONS.items() if k in minimised)
 
 
 def check_proxy(proxy_length: int | None, original: int, target_length: int) -> None:
@@ -101,6 +147,12 @@ def objective_settings(args) -> dict:
     return {"objective": args.objective, "needles": args.needles, **weight}
 
 
+def minimised(args) -> dict:
+    """The objective the search minimises with its parameters (recorded in best.json and
+    final.json, and what a rerun in the same folder must ask for)."""
+    return {"objective": args.objective, **objective_settings(args)}
+
+
 def scorers(args, model, tokenizer, calibration, held_out, original):
     """(search scorer, held-out scorer) for ``--objective``; None, None for nll (the search's
     own objective)."""
@@ -137,7 +189,7 @@ def run(args) -> int:
     check_objective(args)
     check_methods(config, [Method("yarn", args.target_length / original)])
     output = Path(args.output)
-    check_same_target(output / BEST, args.target_length)
+    check_same_search(output, args.target_length, minimised(args))
     settings = {
         "model": args.model,
         "dtype": args.dtype,
@@ -172,7 +224,8 @@ def run(args) -> int:
     def save_best(spec, record):
         write_spec_file(
             output / BEST, spec, model=args.model, target_length=length,
-            objective=record["objective"], objective_length=record["length"],
+            minimised=minimised(args), objective=record["objective"],
+            objective_length=record["length"],
             trial=record["trial"], nll_within_original=record["nll_within_original"],
         )  # fmt: skip
 
@@ -208,6 +261,7 @@ def run(args) -> int:
         "search_seconds": seconds,  # this invocation's; a resumed search's total is below
         "trial_seconds": round(sum(r["seconds"] for r in store.done.values()), 1),
         "objective": OBJECTIVES[args.objective],
+        "minimised": minimised(args),
     }  # fmt: skip
     for name, (point, record) in rows.items():
         spec = to_spec(native, original, point)
