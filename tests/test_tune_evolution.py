@@ -9,7 +9,7 @@ from test_tune_needle import SL, SN, runs, slow_task_model
 from yarnlib.eval.store import CellStore
 from yarnlib.spec import RopeScaling
 from yarnlib.tune.evolution import DEFAULTS, STEP, Evolution, evolve, scaled
-from yarnlib.tune.search import MAX_FACTOR_RATIO, Search, per_dim_point, start_point
+from yarnlib.tune.search import MAX_FACTOR_RATIO, Search, per_dim_point, start_point, trial_key
 
 
 def search_of(tmp_path, budget, name="s"):
@@ -27,7 +27,7 @@ def on_grid(value: float) -> bool:
 def test_children_stay_in_the_space(tmp_path):
     """Mutants: divisors non-decreasing, in [1, 4 N/L], the lowest frequency's >= N/L, redrawn
     values on the 0.01 grid, never a point already seen. Crossover children: every gene from
-    one parent or the other."""
+    one parent or the other, never a point already evaluated (a parent included)."""
     search = search_of(tmp_path, budget=10**6)
     search.cap = search.budget
     search.bar = type("Bar", (), {"update": lambda *a: None, "set_postfix_str": lambda *a: None})()
@@ -46,11 +46,14 @@ def test_children_stay_in_the_space(tmp_path):
     rng, children = random.Random(1), 0
     for _ in range(20):
         a, b = rng.sample(points, 2)
+        evaluated = set(search.store.done)
         crossed = evo.crossover(a, b)  # None: no new child in its tries (then LongRoPE mutates)
         if crossed is None:
             continue
         children += 1
         child = crossed[0]
+        assert (trial_key(child),) not in evaluated  # the store is keyed on (trial key,)
+        assert len(search.store.done) == len(evaluated) + 1
         genes = [*child["divisors"], child["attention_factor"]]
         first, second = (
             [*a["divisors"], a["attention_factor"]],
