@@ -190,11 +190,17 @@ def test_prompt_plus_response_may_reach_the_scaled_context(framework, model_dir,
 
 
 @pytest.mark.parametrize("method", ["dynamic_yarn", "dynamic_ntk"])
-def test_dynamic_methods_refused(method, tmp_path):
-    with pytest.raises(ValueError, match="static method"):
-        verl.apply({}, spec(method), in_place=True)
-    with pytest.raises(ValueError, match="static method"):
-        easyr1.apply({}, spec(method), in_place=True)
+@pytest.mark.parametrize("vllm_version", ["0.11.0", "0.32.0"])
+def test_dynamic_methods_refused(method, vllm_version, verl_cfg, easyr1_cfg, model_dir):
+    """Refused for GRPO itself, whatever the rollout's vLLM: the refusal of a vLLM too old for
+    the plugin (0.11) also says "static method", so the message of this check is matched."""
+    before = (model_dir / "config.json").read_bytes()
+    for apply, cfg, framework in ((verl.apply, verl_cfg, "verl"),
+                                  (easyr1.apply, easyr1_cfg, "EasyR1")):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"^method '{method}': in {framework} GRPO the "
+                           "transformers actor would scale each batch"):  # fmt: skip
+            apply(cfg, spec(method), in_place=True, vllm_version=vllm_version)
+    assert (model_dir / "config.json").read_bytes() == before
 
 
 def test_a_destination_is_required(verl_cfg):
@@ -328,3 +334,45 @@ def test_a_spec_with_another_rope_theta_is_refused(
             trl.apply(model_dir, other, kwargs, output=tmp_path / "scaled")
     assert (model_dir / "config.json").read_bytes() == before
     assert not (tmp_path / "scaled").exists()
+
+
+# -- issue 52: the same checkpoint under another name; checks that need no verl ------------------
+
+
+@pytest.mark.parametrize("framework", ["verl", "easyr1"])
+@pytest.mark.parametrize("naming", ["relative", "symlink"])
+def test_the_actors_checkpoint_by_another_name_is_the_same_checkpoint(
+    framework, naming, verl_cfg, easyr1_cfg, model_dir, tmp_path, monkeypatch
+):
+    """A critic path naming the actor's folder relatively or through a link is that
+    checkpoint: pointed at the scaled folder, not refused as another, too short one."""
+    if naming == "relative":
+        monkeypatch.chdir(model_dir.parent)
+        other_name = model_dir.name
+    else:
+        other_name = str(tmp_path / "link")
+        (tmp_path / "link").symlink_to(model_dir, target_is_directory=True)
+    if framework == "verl":
+        verl_cfg["critic"] = {"model": {"path": other_name}}
+        out = verl.apply(verl_cfg, spec(), output=tmp_path / "scaled")
+        critic = out["critic"]["model"]["path"]
+    else:
+        easyr1_cfg["worker"]["critic"] = {"model": {"model_path": other_name}}
+        out = easyr1.apply(easyr1_cfg, spec(), output=tmp_path / "scaled")
+        critic = out["worker"]["critic"]["model"]["model_path"]
+    assert critic == str(tmp_path / "scaled")
+
+
+@pytest.mark.parametrize(
+    "chunked, budget, expected",
+    [(False, 256, 768), (False, None, 768), (False, 4096, 4096), (True, 256, 256)],
+)
+def test_verl_raises_the_token_budget_only_without_chunked_prefill(
+    verl_cfg, tmp_path, chunked, budget, expected
+):
+    """vLLM refuses max_num_batched_tokens below max_model_len without chunked prefill (verl's
+    rollout check, run on verl itself in test_verl_config.py; this needs no verl)."""
+    rollout = verl_cfg["actor_rollout_ref"]["rollout"]
+    rollout["enable_chunked_prefill"], rollout["max_num_batched_tokens"] = chunked, budget
+    out = verl.apply(verl_cfg, spec(), output=tmp_path / "scaled")["actor_rollout_ref"]["rollout"]
+    assert (out["max_model_len"], out["max_num_batched_tokens"]) == (768, expected)

@@ -1,5 +1,6 @@
 """RopeScaling against transformers' own functions, float64 references and its properties."""
 
+import copy
 import math
 import pickle
 
@@ -279,3 +280,49 @@ def test_rescaled_starts_from_the_unscaled_model():
     assert scaled.rescaled("yarn", 8, 8192).original_max_position_embeddings == 8192
     with pytest.raises(ValueError, match="original_max_position_embeddings"):
         RopeScaling("linear", 2, None, 1e4, 64).rescaled("yarn", 4)
+
+
+# -- issue 52, defect 7: a checkpoint's own YaRN survives pickle and copy ----------------------
+
+
+def shipped_behaviour(spec: RopeScaling) -> tuple:
+    """What a shipped spec decides: its context, that it is kept, and which rescales it refuses."""
+    try:
+        spec.rescaled("yarn", 8)
+        refusal = None
+    except ValueError as error:
+        refusal = str(error)
+    kept = spec.rescaled("yarn", spec.factor)
+    return (spec.max_position_embeddings, spec.is_checkpoint_scaling, refusal, kept.knobs())
+
+
+def spawned_copy(spec: RopeScaling) -> tuple[RopeScaling, int | None]:
+    """``spec`` pickled into a spawned process (as Ray and multiprocessing send it) and back,
+    with the context that process read from its copy."""
+    import multiprocessing
+    import operator
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        there = pool.apply(operator.attrgetter("max_position_embeddings"), (spec,))
+        back = pool.apply(copy.copy, (spec,))
+    return back, there
+
+
+def test_a_shipped_spec_survives_pickle_and_copy():
+    config = {"rope_theta": 1e4, "max_position_embeddings": 4096 * 40, "head_dim": 64}
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0,
+                              "mscale_all_dim": 1.0,
+                              "original_max_position_embeddings": 4096}  # fmt: skip
+    shipped = RopeScaling.from_hf(config)  # DeepSeek-V3's knobs, not written by yarnlib
+    expected = shipped_behaviour(shipped)
+    assert expected[:2] == (None, True) and "knobs would be dropped" in expected[2]
+    assert expected[3] == {"mscale": 1.0, "mscale_all_dim": 1.0}
+    plain = shipped.replace()  # the same fields, not the checkpoint's own: behaves otherwise
+    assert shipped_behaviour(plain)[:3] == (163840, False, None)
+    assert plain != shipped
+    back, there = spawned_copy(shipped)
+    copies = [pickle.loads(pickle.dumps(shipped)), copy.deepcopy(shipped), copy.copy(shipped), back]
+    for twin in copies:
+        assert twin.shipped and twin == shipped and hash(twin) == hash(shipped)
+        assert shipped_behaviour(twin) == expected
+    assert there is None  # the spawned process read the checkpoint's context as unknown too

@@ -8,6 +8,7 @@ derived ``max_model_len``. For the installed vLLM the same is checked on vLLM it
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -450,3 +451,24 @@ def test_partial_qwen_refused_where_vllm_ignores_it(tmp_path):
         model_kwargs(tmp_path, spec, vllm_version="0.12.0")
     params = model_kwargs(tmp_path, spec, vllm_version="0.14.0")["hf_overrides"]["rope_parameters"]
     assert params["partial_rotary_factor"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "version, scaled_table",
+    [("0.21.0", True), ("0.21.9", True), ("0.22.0", False), ("0.22.1+cpu", False), ("0.23", False)],
+)
+def test_dynamic_ntk_in_config_json_refused_from_0_22_on(version, scaled_table):
+    """The boundary itself (issue 52): 0.21 still builds NTK over L·s rows (base multiplier
+    s·s − (s−1)), 0.22 is the first that builds plain RoPE over L rows, and is refused."""
+    from yarnlib.vllm.versions import check_config_file, native_dynamic
+
+    spec = RopeScaling("dynamic_ntk", FACTOR, L, THETA, 32)
+    built = native_dynamic({"factor": FACTOR}, L, version)
+    if scaled_table:
+        assert built == (FACTOR * FACTOR - (FACTOR - 1), L * FACTOR)
+        check_config_file(spec, version)  # what transformers runs at L·s: written
+        return
+    assert built == (1.0, L)
+    with pytest.raises(ValueError, match=rf"vLLM {re.escape(version)} runs rope_type 'dynamic' as "
+                       rf"plain RoPE .* table of {L} positions"):  # fmt: skip
+        check_config_file(spec, version)

@@ -156,12 +156,13 @@ def fresh_folder(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def lock_folder(folder: str | Path, command: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on the folder itself while rewriting it: a second command on
-    the same folder meanwhile is refused as busy rather than racing on its temporary files. No
-    lock file is made, so a refused or failed run leaves the folder exactly as it was. A folder
-    that cannot be opened is left to the command's own checks; where the file system cannot
-    lock a folder (NFS refuses flock on a read-only descriptor), the command runs unlocked."""
+def lock_folder(folder: str | Path, field: str = "model_dir") -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the folder itself while rewriting it in place: another
+    rewrite of the same folder meanwhile (``yarnlib config --in-place``, an integration's
+    ``apply(in_place=True)``, in any process) is refused as busy rather than racing on its
+    temporary files. No lock file is made, so a refused or failed run leaves the folder exactly
+    as it was. A folder that cannot be opened is left to the caller's own checks; where the file
+    system cannot lock a folder (NFS refuses flock on a read-only descriptor), it runs unlocked."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -170,8 +171,9 @@ def lock_folder(folder: str | Path, command: str) -> Iterator[None]:
     try:
         if not _try_lock(fd):
             raise ValueError(
-                f"model_dir: {folder} is busy: another `yarnlib {command}` is rewriting it; "
-                "allowed: one rewrite at a time (run it again once that one has ended)"
+                f"{field}: {folder} is busy: another process is rewriting it in place (yarnlib "
+                "config --in-place, or a recipe's apply with in_place=True); allowed: one rewrite "
+                "at a time (run this one again once that one has ended)"
             )
         yield  # the lock ends with the descriptor
     finally:

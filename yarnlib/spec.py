@@ -247,16 +247,17 @@ class RopeScaling:
         object.__setattr__(spec, "shipped", True)
         return spec
 
-    def __reduce__(self):  # pickling goes through the validating constructor
-        return (_rebuild, (self.fields(),))
+    def __reduce__(self):  # pickling (and copy) go through the validating constructor
+        return (_rebuild, (self.fields(), self.shipped))
 
     def __eq__(self, other):
+        # a shipped spec runs another context and refuses rescales: it is not the same spec
         if not isinstance(other, RopeScaling):
             return NotImplemented
-        return self.fields() == other.fields()
+        return (self.fields(), self.shipped) == (other.fields(), other.shipped)
 
     def __hash__(self):
-        return hash(tuple(self.fields().items()))
+        return hash((tuple(self.fields().items()), self.shipped))
 
     def __repr__(self):
         shown = {k: v for k, v in self.fields().items() if k not in KNOB_DEFAULTS}
@@ -386,7 +387,7 @@ class RopeScaling:
         if self.is_checkpoint_scaling:
             same = target == self.method
             changes = dict(knobs, factor=factor, original_max_position_embeddings=original)
-            if not same or self.replace(**changes) != self:
+            if not same or self.replace(**changes) != self.replace():
                 why = (
                     "its knobs would be dropped and the attention factor changed"
                     if self.shipped
@@ -453,5 +454,7 @@ def _check_applied_longrope(knobs: dict[str, Any]) -> None:
         )
 
 
-def _rebuild(fields: dict[str, Any]) -> RopeScaling:
-    return RopeScaling(**fields)
+def _rebuild(fields: dict[str, Any], shipped: bool = False) -> RopeScaling:
+    """A pickled spec (``shipped`` is absent from pickles written before it was kept)."""
+    spec = RopeScaling(**fields)
+    return spec.as_shipped() if shipped else spec

@@ -74,7 +74,7 @@ def locked(args: argparse.Namespace) -> int:
     second rewrite meanwhile is refused as busy (exit 2), not raced."""
     if not args.in_place:
         return run(args)
-    with atomic.lock_folder(args.model_dir, "config --in-place"):
+    with atomic.lock_folder(args.model_dir):
         return run(args)
 
 

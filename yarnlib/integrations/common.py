@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from yarnlib import config
+from yarnlib import atomic, config
 from yarnlib.spec import STATIC_METHODS, RopeScaling
 from yarnlib.vllm import versions
 
@@ -102,14 +102,19 @@ def rewrite_model_folder(
     output: str | Path | None,
     in_place: bool,
 ) -> None:
-    """Rewrite the folder at ``model[path_key]`` to run ``spec`` (``yarnlib config``), in place
-    or into ``output`` (weights symlinked), and point ``model[path_key]`` at the result."""
+    """Rewrite the folder at ``model[path_key]`` to run ``spec`` (``yarnlib config``): into
+    ``output`` (weights symlinked; ``model[path_key]`` then points there) or ``in_place``,
+    holding the folder's lock as ``yarnlib config --in-place`` does (a busy folder is refused)."""
     path = model[path_key]
-    if in_place:
-        config.complete_interrupted(path)
-    config.apply(path, config.plan(path, spec), in_place=in_place, output=output)
-    if output is not None:
+    if not in_place:
+        config.apply(path, config.plan(path, spec), output=output)
         model[path_key] = str(output)
+        return
+    # completing an interrupted rewrite removes the folder's temporary files, which are another
+    # rewrite's while one runs: only under the lock
+    with atomic.lock_folder(path, path_key):
+        config.complete_interrupted(path)
+        config.apply(path, config.plan(path, spec), in_place=True)
 
 
 def _at(cfg: dict[str, Any], dotted: str) -> tuple[dict[str, Any], str] | None:
