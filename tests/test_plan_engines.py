@@ -19,6 +19,8 @@ HEADS = {
     "qwen2-28-4": {**QWEN25_7B, "hidden_size": 224, "intermediate_size": 296},
     "qwen3-32-8": {**QWEN3_8B, "hidden_size": 256, "head_dim": 8, "intermediate_size": 192},
     "qwen3moe-32-4": {**QWEN3_30B_A3B, "hidden_size": 256, "head_dim": 8, "num_experts": 4},
+    # heads allow tp 4 and 8, the MLP (198 = 2 × 99) only 2
+    "qwen3-32-8-mlp198": {**QWEN3_8B, "hidden_size": 256, "head_dim": 8, "intermediate_size": 198},
 }
 for config in HEADS.values():
     config.update(num_hidden_layers=1, vocab_size=128, max_position_embeddings=256)

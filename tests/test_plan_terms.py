@@ -1,0 +1,82 @@
+"""Terms of `yarnlib plan` that a slip in one factor would change without any other test
+noticing, each against a hand formula written out here (issue 52): ring attention's K and V
+gathers with context parallelism, the MLP's share of vLLM's tensor-parallel rule, and the loss
+head over a sequence shorter than a loss chunk."""
+
+import pytest
+from test_plan import QWEN3_8B, QWEN25_7B
+
+from yarnlib.plan import memory, parallel, planner
+from yarnlib.plan.shapes import shape_from_config
+
+GIB = 1024**3
+HEAD = "loss head (logits, log-softmax, grads)"
+LAYER = "layer recompute + backward"
+
+
+def _qwen3_layer_bytes_per_token() -> int:
+    """Qwen3-8B, bf16 layers under FSDP: what one recomputed decoder layer keeps per token."""
+    h, q, k, i, n, kv = 4096, 32 * 128, 8 * 128, 12288, 32, 8
+    norms = 2 * (4 + 2 + 2) * h  # float32 input, bf16 normalised copy and output, two norms
+    attention = 2 * (2 * q + 2 * k) + 4 * n  # q, k, v, output in bf16; float32 logsumexp
+    qk_norm = (4 + 2) * (q + k) + 4 * (n + kv)  # float32 q and k, bf16 normalised, rsqrt
+    mlp = 4 * 2 * i  # gate, silu(gate), up, product
+    return norms + attention + qk_norm + mlp + 2 * 4
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_ring_attention_gathers_k_and_v_forward_and_backward(cp):
+    shape = shape_from_config(QWEN3_8B)
+    context = 131072
+    setup = planner.Setup(shape, "finetune", context, 8, 1, 140 * GIB, cp=cp)
+    tokens = context // cp
+    layer = _qwen3_layer_bytes_per_token() * tokens
+    transient = (2 * 12288 * 2 + 2 * 4096 * 4) * tokens  # mul backward + residual grads
+    # K and V of all 131072 tokens (8 kv heads × 128, bf16), gathered in the forward and again
+    # with their grads in the backward
+    gathered = 2 * 2 * context * 8 * 128 * 2
+    plan = planner.evaluate(setup, sp=1, cp=cp, tp=1, offload="none")
+    assert plan.lines[LAYER] == layer + transient + gathered
+    # a second path: the same local tokens without context parallel differ by the gathers only
+    alone = planner.evaluate(planner.replace(setup, context=tokens, cp=1), 1, 1, 1, "none")
+    assert plan.lines[LAYER] - alone.lines[LAYER] == gathered
+
+
+def test_vllm_tp_needs_the_mlp_to_split():
+    # 32 heads / 8 kv heads allow tp 4 and 8; an intermediate size of 12290 (2 × 6145) splits
+    # over 2 ranks only (vLLM's MergedColumnParallelLinear divides it by tp)
+    blocked = shape_from_config({**QWEN3_8B, "intermediate_size": 12290})
+    assert parallel.ulysses_degrees(blocked, 8) == [1, 2, 4, 8]
+    assert parallel.tensor_parallel_degrees(blocked, 8) == [1, 2]
+    with pytest.raises(ValueError, match="intermediate 12290"):
+        parallel.check_tensor_parallel(blocked, 4, 8)
+    setup = planner.Setup(blocked, "verl", 8192, 8, 1, 80 * GIB, tp=4)
+    with pytest.raises(ValueError, match="^tp: 4"):
+        planner.choose(setup)
+
+
+@pytest.mark.parametrize("engine, tokens", [("finetune", 512), ("verl", 512), ("finetune", 700)])
+def test_loss_head_of_a_sequence_shorter_than_the_chunk(engine, tokens):
+    shape = shape_from_config(QWEN25_7B)
+    setup = planner.Setup(shape, engine, tokens, 8, 1, 80 * GIB, logits="chunked")
+    plan = planner.evaluate(setup, sp=1, cp=1, tp=1, offload="none")
+    vocab = 152064
+    # float32 log-softmax, its grad and the logits' grad, for the rows there are (< 1024)
+    assert plan.lines[HEAD] == 12 * tokens * vocab
+    if engine == "verl":  # the log-prob forward's bf16 logits and float32 log-softmax
+        assert plan.lines["log-prob forward (no grad)"] == max(
+            (3 * 18944 * 2 + 2 * 3584 * 4) * tokens, (2 + 8) * tokens * vocab
+        )
+    acts = memory.activations(
+        shape, tokens, memory.PRECISIONS["bf16-fsdp"], checkpointing=True, chunk=1024
+    )
+    assert acts.head == 12 * tokens * vocab
+
+
+def test_loss_head_of_a_trl_completion_shorter_than_the_chunk():
+    shape = shape_from_config(QWEN25_7B)
+    setup = planner.Setup(
+        shape, "trl", 4096, 8, 1, 80 * GIB, prompt=3584, response=512, logits="chunked"
+    )
+    plan = planner.evaluate(setup, sp=1, cp=1, tp=1, offload="none")
+    assert plan.lines[HEAD] == 12 * 512 * 152064  # TRL's loss covers the completion only
