@@ -12,6 +12,8 @@ import os
 import signal
 import sys
 
+from yarnlib import __version__
+
 # module path of each subcommand, in the order `yarnlib --help` lists them
 SUBCOMMANDS = [
     "yarnlib.inspect_cli",
@@ -26,10 +28,34 @@ SUBCOMMANDS = [
 ]
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Each option's help ends with its default, where it has one the help does not say."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default in (None, False, argparse.SUPPRESS)
+            or not action.option_strings
+            or isinstance(action, argparse._VersionAction)
+        ):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else default
+        return f"{text} (default: {str(shown).replace('%', '%%')})".lstrip()
+
+
+class Parser(argparse.ArgumentParser):
+    """Every yarnlib parser, subcommands' too, shows defaults in --help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="yarnlib", description="RoPE context extension, consistent everywhere."
-    )
+    parser = Parser(prog="yarnlib", description="RoPE context extension, consistent everywhere.")
+    parser.add_argument("--version", action="version", version=f"yarnlib {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module in SUBCOMMANDS:
         importlib.import_module(module).register(subparsers)

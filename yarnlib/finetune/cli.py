@@ -31,7 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="each packed document attends only to itself; positions restart per document",
     )
-    g.add_argument("--cache-dir", default=None, help="tokenized data cache (default ~/.cache)")
+    g.add_argument(
+        "--cache-dir",
+        help="tokenized data cache (default: $YARNLIB_CACHE/finetune, and $YARNLIB_CACHE "
+        "defaults to ~/.cache/yarnlib)",
+    )
     g = p.add_argument_group("PoSE: train a long context with short rows (arXiv 2309.10400)")
     g.add_argument(
         "--pose",
