@@ -94,16 +94,23 @@ def test_plot_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
     check_plot_path(tmp_path / "config.png")  # its own data file may be replaced next time
     capsys.readouterr()
     (tmp_path / "notes.png.json").write_text("my notes")
-    for plot, message in (("notes.png", "not written by"), ("config.json", "must end in")):
+    (tmp_path / "photo.png").write_bytes(b"\x89PNG a picture of mine")  # no data file beside it
+    for plot, message in (
+        ("notes.png", "not written by"),
+        ("config.json", "must end in"),
+        ("photo.png", "photo.png exists and was not written by"),
+    ):
         assert main(["inspect", str(tmp_path), "--plot", str(tmp_path / plot)]) == 2
         assert message in capsys.readouterr().err
     assert (tmp_path / "notes.png.json").read_text() == "my notes"
+    assert (tmp_path / "photo.png").read_bytes() == b"\x89PNG a picture of mine"
     assert (tmp_path / "config.json").read_text() == original
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "config.json",
         "config.png",
         "config.png.json",
         "notes.png.json",
+        "photo.png",
     ]
 
 

@@ -141,6 +141,12 @@ def check_plot_path(plot_path: Path) -> None:
             f"plot: {data} exists and was not written by `yarnlib inspect --plot`; it holds the "
             "plot's data, so choose another plot name or move that file"
         )
+    # an image is ours only beside the data file an earlier plot wrote with it
+    if plot_path.exists() and not data.exists():
+        raise ValueError(
+            f"plot: {plot_path} exists and was not written by `yarnlib inspect --plot` (no "
+            f"{data.name} beside it); choose another plot name or move that file"
+        )
 
 
 def _written_by_plot(path: Path) -> bool:
