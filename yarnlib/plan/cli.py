@@ -53,7 +53,8 @@ def setup_from_args(args) -> planner.Setup:
         )
     if prompt + response > context:
         raise ValueError(f"context: {context} < prompt + response = {prompt + response}")
-    for field in ("gpus", "nodes", "rollout_n", "sp", "cp", "tp", "max_num_batched_tokens"):
+    fields = ("gpus", "nodes", "rollout_n", "sp", "cp", "tp", "max_num_batched_tokens")
+    for field in (*fields, "micro_batch", "loss_chunk"):
         _positive(field, getattr(args, field))
     u = args.gpu_memory_utilization
     if u is not None and not 0 < u < 1:
@@ -80,7 +81,22 @@ def setup_from_args(args) -> planner.Setup:
         batched_tokens=args.max_num_batched_tokens,
         reference=args.kl,
         reserve=parse_bytes("reserve", args.reserve),
+        backend=args.backend,
+        micro_batch=args.micro_batch,
+        chunk=_loss_chunk(args),
     )
+
+
+def _loss_chunk(args) -> int:
+    """``--loss-chunk``: yarnlib finetune's ``--chunk-size``; the other engines fix their own."""
+    if args.loss_chunk is None:
+        return planner.CHUNK
+    if args.engine != "finetune":
+        raise ValueError(
+            f"loss_chunk: {args.engine} sets its own loss chunking (verl's fused kernels, "
+            "Liger in TRL); allowed: --loss-chunk with --engine finetune"
+        )
+    return args.loss_chunk
 
 
 def report(setup: planner.Setup) -> dict:
@@ -109,6 +125,8 @@ def report(setup: planner.Setup) -> dict:
             "offload": plan.offload,
             "logits": s.logits_mode,
             "checkpointing": s.checkpointing,
+            "backend": s.backend,
+            "micro_batch": s.micro_batch,
             "tokens_per_gpu": plan.tokens_per_gpu,
         },
         "bytes_per_gpu": plan.lines,
@@ -202,6 +220,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=None, help="vLLM tensor parallel degree")
     p.add_argument("--offload", choices=planner.OFFLOAD, default=None)
     p.add_argument("--shard", choices=("full", "hybrid"), default="full")
+    p.add_argument(
+        "--backend",
+        choices=planner.BACKENDS,
+        default="fsdp",
+        help="finetune: FSDP2, or DeepSpeed ZeRO-3 (with --offload: its CPU offload)",
+    )
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch per GPU")
+    p.add_argument(
+        "--loss-chunk", type=int, default=None, help="finetune: loss chunk in tokens (1024)"
+    )
     p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     p.add_argument("--attn", choices=ATTENTION, default=None, help="default flash (sdpa with cp)")
     p.add_argument("--logits", choices=("chunked", "full"), default=None)

@@ -79,8 +79,8 @@ def easyr1(plan: Plan) -> dict[str, Any]:
     fragment = {
         "worker": {
             "actor": {
-                "micro_batch_size_per_device_for_update": 1,
-                "micro_batch_size_per_device_for_experience": 1,
+                "micro_batch_size_per_device_for_update": s.micro_batch,
+                "micro_batch_size_per_device_for_experience": s.micro_batch,
                 "padding_free": True,
                 "dynamic_batching": True,
                 "ulysses_size": plan.sp,
@@ -112,8 +112,8 @@ def trl(plan: Plan) -> dict[str, Any]:
     fields = {
         "bf16": True,
         "gradient_checkpointing": s.checkpointing,
-        # one completion per micro-batch; a generation batch then holds whole prompt groups
-        "per_device_train_batch_size": 1,
+        # completions per micro-batch; a generation batch then holds whole prompt groups
+        "per_device_train_batch_size": s.micro_batch,
         "gradient_accumulation_steps": s.rollout_n,
         "num_generations": s.rollout_n,
         "beta": 0.04 if s.reference else 0.0,
@@ -134,6 +134,8 @@ def accelerate(plan: Plan) -> dict[str, Any]:
     """An ``accelerate launch --config_file`` config: FSDP2 over every GPU, context parallel
     inside it when ``plan.cp > 1`` (as in examples/finetune/*.yaml)."""
     s = plan.setup
+    if s.backend == "deepspeed":
+        return deepspeed(plan)
     config = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "FSDP",
@@ -165,9 +167,33 @@ def accelerate(plan: Plan) -> dict[str, Any]:
     return config
 
 
+def deepspeed(plan: Plan) -> dict[str, Any]:
+    """An accelerate config for DeepSpeed ZeRO-3 (as examples/finetune/deepspeed_zero3*.yaml),
+    offloading the optimizer (and the parameters) to CPU memory as planned."""
+    s = plan.setup
+    return {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "DEEPSPEED",
+        "mixed_precision": "bf16",
+        "num_machines": s.nodes,
+        "num_processes": s.world,
+        "deepspeed_config": {
+            "zero_stage": 3,
+            "zero3_init_flag": True,
+            "zero3_save_16bit_model": True,
+            "offload_optimizer_device": "none" if plan.offload == "none" else "cpu",
+            "offload_param_device": "cpu" if plan.offload == "all" else "none",
+            "gradient_clipping": 1.0,
+        },
+    }
+
+
 def finetune_command(plan: Plan) -> str:
     s = plan.setup
-    flags = [f"--seq-len {s.context}", "--chunk-size 1024", "--mixed-precision bf16"]
+    chunk = s.chunk if s.logits_mode == "chunked" else 0
+    flags = [f"--seq-len {s.context}", f"--chunk-size {chunk}", "--mixed-precision bf16"]
+    if s.micro_batch > 1:
+        flags.append(f"--batch-size {s.micro_batch}")
     if not s.checkpointing:
         flags.append("--no-gradient-checkpointing")
     if plan.cp > 1:

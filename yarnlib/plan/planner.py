@@ -24,6 +24,7 @@ from yarnlib.plan.shapes import ModelShape
 GIB = 1024**3
 ENGINES = ("verl", "easyr1", "trl", "finetune")
 OFFLOAD = ("none", "optimizer", "all")  # optimizer states; then weights and grads as well
+BACKENDS = ("fsdp", "deepspeed")  # the actor's sharding: FSDP2, or DeepSpeed ZeRO-3
 GRPO = ("verl", "easyr1", "trl")
 CHUNK = 1024  # tokens per loss chunk (yarnlib finetune --chunk-size, verl's fused kernels)
 # what stays on the GPU between phases
@@ -32,7 +33,11 @@ RESIDENT = (
     "actor grads (fp32, sharded)",
     "AdamW states (sharded)",
     "reference model (fp32, sharded)",
+    "ZeRO-3 bf16 weights (sharded)",
+    "ZeRO-3 fp32 master, grads, AdamW (sharded)",
 )
+# gathered for the layer at work, freed after it
+WORKING = ("FSDP working copies (bf16)", "ZeRO-3 gathered module (bf16 weights, grads)")
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,9 @@ class Setup:
     batched_tokens: int = 8192  # vLLM max_num_batched_tokens (chunked prefill)
     reference: bool = True  # a reference model for the KL term (GRPO)
     reserve: int = 2 * GIB  # CUDA context, NCCL buffers, allocator fragmentation
+    backend: str = "fsdp"  # fsdp | deepspeed (ZeRO-3; finetune)
+    micro_batch: int = 1  # sequences per micro-batch per GPU (before the sequence split)
+    chunk: int = CHUNK  # loss chunk in tokens when the loss is chunked (yarnlib finetune)
 
     @property
     def world(self) -> int:
@@ -97,6 +105,8 @@ class Plan:
 
 
 def _states(s: Setup, offload: str) -> dict[str, int]:
+    if s.backend == "deepspeed":
+        return _zero3_states(s, offload)
     shards = s.world if s.shard == "full" else s.gpus
     params = s.shape.params
     on_gpu = offload == "none", offload != "all"
@@ -117,16 +127,34 @@ def _states(s: Setup, offload: str) -> dict[str, int]:
     }
 
 
+def _zero3_states(s: Setup, offload: str) -> dict[str, int]:
+    """DeepSpeed ZeRO-3 with bf16, as DeepSpeed's own estimator counts it
+    (``estimate_zero3_model_states_mem_needs``): 18 bytes per parameter over all ranks, 2 of
+    them (the bf16 weights) left on the GPU when the optimizer is offloaded, none when the
+    parameters are too; plus the largest module gathered with its grads, 4 bytes per parameter
+    (for these models the embedding or the output head)."""
+    params = s.shape.params
+    weights = 2 * params // s.world if offload != "all" else 0
+    master = 16 * params // s.world if offload == "none" else 0
+    return {
+        "ZeRO-3 bf16 weights (sharded)": weights,
+        "ZeRO-3 fp32 master, grads, AdamW (sharded)": master,
+        "ZeRO-3 gathered module (bf16 weights, grads)": 4 * s.shape.largest_module_params,
+    }
+
+
 def _tokens(s: Setup, sp: int, cp: int) -> int:
-    return math.ceil(s.context / (sp * cp))
+    """Local tokens of one micro-batch: its sequences, each split by sp · cp."""
+    return s.micro_batch * math.ceil(s.context / (sp * cp))
 
 
 def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
     """Every memory line and phase total for one choice of degrees and offload."""
     p = memory.PRECISIONS["bf16-fsdp"]
     tokens = _tokens(s, sp, cp)
-    chunk = CHUNK if s.logits_mode == "chunked" else 0
-    head_rows = s.response if s.engine == "trl" and s.response else tokens  # TRL: completion
+    chunk = s.chunk if s.logits_mode == "chunked" else 0
+    # TRL's loss covers the completions only
+    head_rows = s.micro_batch * s.response if s.engine == "trl" and s.response else tokens
     acts = memory.activations(
         s.shape,
         tokens,
@@ -147,14 +175,15 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
     lines["loss head (logits, log-softmax, grads)"] = acts.head
     resident = sum(v for k, v in lines.items() if k in RESIDENT)
     plan = Plan(s, sp, cp, tp, offload, 0.0, tokens, lines)
-    update = resident + lines["FSDP working copies (bf16)"] + memory.activation_peak(acts)
+    working = sum(v for k, v in lines.items() if k in WORKING)
+    update = resident + working + memory.activation_peak(acts)
     plan.phases["update"] = update + s.reserve
     if s.engine == "finetune":
         _check(plan)
         return plan
     logprob = memory.forward_peak(s.shape, tokens, p, rows)
     lines["log-prob forward (no grad)"] = logprob
-    plan.phases["log-prob"] = resident + lines["FSDP working copies (bf16)"] + logprob + s.reserve
+    plan.phases["log-prob"] = resident + working + logprob + s.reserve
     plan.utilization = s.utilization or _utilization(s, resident)
     budget = rollout.gpu_kv_budget(
         s.shape, s.gpu_bytes, plan.utilization, tp, s.vllm_batched_tokens
@@ -202,15 +231,31 @@ def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
             raise ValueError(f"cp: context parallel is planned for finetune only, not {s.engine}")
     if s.tp is not None:
         parallel.check_tensor_parallel(s.shape, s.tp, s.gpus)
+    _check_backend(s)
     sps = [s.sp] if s.sp else parallel.ulysses_degrees(s.shape, s.world) if ulysses else [1]
     cps = [s.cp] if s.cp else (parallel.context_parallel_degrees(s.world, s.context))
-    if s.engine != "finetune":
+    if s.engine != "finetune" or s.backend == "deepspeed":
         cps = [1]
     tps = [s.tp] if s.tp else parallel.tensor_parallel_degrees(s.shape, s.gpus)
     if s.engine == "finetune":
         tps = [1]
     offloads = [s.offload] if s.offload else list(OFFLOAD)
     return sps, cps, tps, offloads
+
+
+def _check_backend(s: Setup) -> None:
+    if s.backend == "fsdp":
+        return
+    if s.engine != "finetune":
+        raise ValueError(
+            f"backend: deepspeed is planned for finetune, not {s.engine}; allowed: fsdp"
+        )
+    if (s.cp or 1) > 1 or s.shard != "full":
+        raise ValueError(
+            "backend: deepspeed shards over every GPU without context parallel (accelerate's "
+            "context parallel runs on FSDP2); allowed: --backend fsdp with --cp or --shard "
+            "hybrid, or deepspeed with neither"
+        )
 
 
 def choose(s: Setup) -> Plan:

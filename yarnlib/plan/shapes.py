@@ -92,6 +92,15 @@ class ModelShape:
         return 0 if self.tie_word_embeddings else self.embedding_params
 
     @property
+    def largest_module_params(self) -> int:
+        """Parameters of the largest single module (what ZeRO-3 gathers at once): the
+        embedding or head, a projection, or a MoE layer's experts module."""
+        mlp = self.hidden_size * self.intermediate_size
+        if self.num_experts:  # transformers 5.x keeps every expert's projections in one module
+            mlp *= 3 * self.num_experts
+        return max(self.embedding_params, mlp, self.hidden_size * self.q_width)
+
+    @property
     def params(self) -> int:
         """All parameters, as ``sum(p.numel() for p in model.parameters())`` counts them."""
         outside = self.embedding_params + self.head_params + self.hidden_size  # + final norm

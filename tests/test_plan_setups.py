@@ -1,0 +1,146 @@
+"""The setups `yarnlib plan` models beyond one FSDP sequence per GPU: DeepSpeed ZeRO-3 (± CPU
+offload) for fine-tuning, micro-batches above 1, the loss chunk of `yarnlib finetune`; each
+against a hand formula or a second code path, and each flag in the fragment the engine reads."""
+
+import json
+
+import pytest
+import torch
+import yaml
+from test_plan import MOE_ON_4, QWEN3_8B, QWEN3_30B_A3B, QWEN25_7B
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from yarnlib.cli import main
+from yarnlib.plan import fragments, planner
+from yarnlib.plan.shapes import shape_from_config
+
+GIB = 1024**3
+ZERO3 = (
+    "ZeRO-3 bf16 weights (sharded)",
+    "ZeRO-3 fp32 master, grads, AdamW (sharded)",
+    "ZeRO-3 gathered module (bf16 weights, grads)",
+)
+
+
+def _plan(tmp_path, capsys, config, *argv):
+    folder = tmp_path / "model"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    code = main(["plan", str(folder), *argv])
+    return code, capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "config", [QWEN25_7B, QWEN3_8B, pytest.param(QWEN3_30B_A3B, marks=MOE_ON_4)]
+)
+def test_largest_module_as_deepspeed_counts_it(config):
+    # DeepSpeed's estimator: the most parameters any one module holds itself (recurse=False)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config))
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    assert shape_from_config(config).largest_module_params == largest
+
+
+@pytest.mark.parametrize(
+    "offload, weights, master", [("none", 2, 16), ("optimizer", 2, 0), ("all", 0, 0)]
+)
+def test_zero3_states_by_hand(offload, weights, master):
+    # DeepSpeed's estimate_zero3_model_states_mem_needs: 18 bytes per parameter over the
+    # ranks, 2 of them with the optimizer offloaded, 0 with the parameters too; plus 4 bytes
+    # per parameter of the largest module (Qwen2.5-7B: the 152064 × 3584 embedding)
+    shape = shape_from_config(QWEN25_7B)
+    setup = planner.Setup(shape, "finetune", 16384, 4, 1, 80 * GIB, backend="deepspeed")
+    plan = planner.evaluate(setup, sp=1, cp=1, tp=1, offload=offload)
+    params = 7615616512
+    assert [plan.lines[k] for k in ZERO3] == [
+        weights * params // 4,
+        master * params // 4,
+        4 * 152064 * 3584,
+    ]
+    assert not any(k.startswith(("actor", "AdamW", "FSDP")) for k in plan.lines)
+    acts = plan.lines["activations kept (all layers)"] + plan.lines["layer recompute + backward"]
+    fsdp = planner.evaluate(planner.replace(setup, backend="fsdp"), 1, 1, 1, offload)
+    assert acts == (
+        fsdp.lines["activations kept (all layers)"] + fsdp.lines["layer recompute + backward"]
+    )
+
+
+@pytest.mark.parametrize("offload", ["none", "optimizer", "all"])
+def test_accelerate_reads_the_deepspeed_config(tmp_path, capsys, offload):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    argv = ["--engine", "finetune", "--context", "16384", "--gpus", "4", "--nodes", "2"]
+    argv += ["--gpu-memory", "80GiB", "--backend", "deepspeed", "--offload", offload, "--json"]
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv)
+    report = json.loads(out.out)
+    assert code == 0 and report["chosen"]["backend"] == "deepspeed"
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(yaml.safe_dump(report["fragment"]))
+    config = load_config_from_file(str(path))
+    assert config.distributed_type == "DEEPSPEED" and config.num_processes == 8
+    ds = config.deepspeed_config
+    assert ds["zero_stage"] == 3
+    assert ds["offload_optimizer_device"] == ("none" if offload == "none" else "cpu")
+    assert ds["offload_param_device"] == ("cpu" if offload == "all" else "none")
+
+
+@pytest.mark.parametrize(
+    "engine, argv",
+    [
+        ("verl", ["--context", "8192"]),
+        ("trl", ["--context", "8192"]),
+        ("finetune", ["--context", "8192", "--cp", "2"]),
+        ("finetune", ["--context", "8192", "--shard", "hybrid", "--nodes", "2"]),
+    ],
+)
+def test_deepspeed_where_it_is_not_planned(tmp_path, capsys, engine, argv):
+    argv = ["--engine", engine, *argv, "--gpus", "8", "--gpu-memory", "80GiB"]
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv, "--backend", "deepspeed")
+    assert code == 2 and "error: backend: deepspeed" in out.err and "allowed" in out.err
+
+
+@pytest.mark.parametrize("engine", ["verl", "finetune"])
+def test_a_micro_batch_of_two_is_two_sequences_of_activations(engine):
+    shape = shape_from_config(QWEN3_8B)
+    setup = planner.Setup(shape, engine, 32768, 8, 1, 140 * GIB, micro_batch=2)
+    two = planner.evaluate(setup, sp=2, cp=1, tp=1, offload="none")
+    assert two.tokens_per_gpu == 2 * 32768 // 2
+    # a second path: one sequence of twice the tokens keeps the same per-token activations
+    # (flash attention keeps nothing per pair of tokens)
+    one = planner.evaluate(planner.replace(setup, context=65536, micro_batch=1), 2, 1, 1, "none")
+    for line in ("activations kept (all layers)", "layer recompute + backward"):
+        assert two.lines[line] == one.lines[line]
+    if engine == "verl":
+        actor = fragments.verl(two)["actor_rollout_ref"]["actor"]
+        assert actor["ppo_max_token_len_per_gpu"] == 32768  # 2 sequences of 32768 / sp 2
+    else:
+        assert "--batch-size 2" in fragments.finetune_command(two)
+
+
+def test_micro_batch_in_the_trl_and_easyr1_fragments(tmp_path):
+    pytest.importorskip("trl")
+    from trl import GRPOConfig
+
+    shape = shape_from_config(QWEN25_7B)
+    setup = planner.Setup(
+        shape, "trl", 768, 8, 1, 140 * GIB, prompt=256, response=512, micro_batch=2
+    )
+    plan = planner.evaluate(setup, sp=1, cp=1, tp=1, offload="none")
+    assert plan.lines["loss head (logits, log-softmax, grads)"] == 12 * 2 * 512 * 152064
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, **{**fragments.trl(plan), "bf16": False}
+    )
+    assert args.per_device_train_batch_size == 2
+    easyr1 = planner.evaluate(planner.replace(setup, engine="easyr1"), 1, 1, 1, "none")
+    actor = fragments.easyr1(easyr1)["worker"]["actor"]
+    assert actor["micro_batch_size_per_device_for_update"] == 2
+
+
+def test_loss_chunk_is_finetunes_chunk_size(tmp_path, capsys):
+    argv = ["--engine", "finetune", "--context", "16384", "--gpus", "8", "--gpu-memory", "80GiB"]
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv, "--loss-chunk", "4096", "--json")
+    report = json.loads(out.out)
+    assert report["bytes_per_gpu"]["loss head (logits, log-softmax, grads)"] == (12 * 4096 * 152064)
+    assert "--chunk-size 4096" in report["command"]
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv[2:], "--loss-chunk", "4096")
+    assert code == 2 and "error: loss_chunk" in out.err and "allowed" in out.err
