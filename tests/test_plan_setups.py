@@ -7,10 +7,9 @@ import json
 import pytest
 import torch
 import yaml
-from test_plan import MOE_ON_4, QWEN3_8B, QWEN3_30B_A3B, QWEN25_7B
+from test_plan import MOE_ON_4, QWEN3_8B, QWEN3_30B_A3B, QWEN25_7B, _plan
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from yarnlib.cli import main
 from yarnlib.plan import fragments, planner
 from yarnlib.plan.shapes import shape_from_config
 
@@ -20,14 +19,6 @@ ZERO3 = (
     "ZeRO-3 fp32 master, grads, AdamW (sharded)",
     "ZeRO-3 gathered module (bf16 weights, grads)",
 )
-
-
-def _plan(tmp_path, capsys, config, *argv):
-    folder = tmp_path / "model"
-    folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    code = main(["plan", str(folder), *argv])
-    return code, capsys.readouterr()
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from test_plan import LLAMA31_8B, QWEN3_8B, QWEN25_7B
+from test_plan import LLAMA31_8B, QWEN3_8B, QWEN25_7B, _plan
 
 from yarnlib.cli import main
 from yarnlib.finetune.cli import add_arguments as finetune_arguments
@@ -32,11 +32,7 @@ QWEN3_128K = {
 
 
 def plan(tmp_path, capsys, config, *argv):
-    folder = tmp_path / "model"
-    folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    code = main(["plan", str(folder), *argv])
-    out = capsys.readouterr()
+    code, out = _plan(tmp_path, capsys, config, *argv)
     return code, (json.loads(out.out) if "--json" in argv and code != 2 else out)
 
 
