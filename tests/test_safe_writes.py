@@ -309,3 +309,96 @@ def test_real_faults_in_a_tmpfs(model_dir, data_dir, tmp_path):
     assert "No space left on device" in reasons["full"]
     assert "Read-only file system" in reasons["read-only config"]
     assert "Read-only file system" in reasons["read-only eval"]
+
+
+def test_finetune_checkpoints_on_a_full_disk(tmp_path):
+    """`finetune --save-every` whose second checkpoint runs out of room in each writer
+    (safetensors, torch.save large and small, yarnlib's run.json): one line (exit 2), no
+    step-*.tmp left, the first checkpoint byte for byte as it was (issue 52, defect 5)."""
+    from full_disk_worker import CHECKPOINT_FILES, FULL_AT
+    from test_finetune_support import cyclic_texts, text_folder
+    from test_finetune_support import model_dir as finetune_model
+
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    prefix = in_mount_namespace(mount)
+    model = finetune_model(tmp_path / "model")
+    data = text_folder(tmp_path / "data", cyclic_texts(40))
+    argv = [*prefix, sys.executable, str(WORKER), "finetune", str(mount), str(model), str(data),
+            str(tmp_path / "cache")]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    enough, *full = json.loads(done.stdout.splitlines()[-1])
+    assert enough["code"] == 0 and enough["checkpoint_files"] == sorted(CHECKPOINT_FILES)
+    assert [run["full_at"] for run in full] == list(FULL_AT)
+    for run in full:
+        assert run["code"] == 2 and not run["traceback"], run
+        final = mount / "out" / "checkpoints" / "step-000002"
+        assert run["last_line"] == (
+            f"yarnlib finetune: error: checkpoint: cannot write {final} (No space left on "
+            "device); nothing of step 2 was kept, the earlier checkpoints are as they were (free "
+            "space, then --resume latest)"
+        ), run
+        assert run["leftovers"] == [] and run["partial"] == [], run
+        assert run["checkpoints"] == ["step-000001"] and run["first_kept"], run
+        # the failed save's folder held the files written before the one the disk ran out in
+        written = CHECKPOINT_FILES[: CHECKPOINT_FILES.index(run["full_at"])]
+        (staged,) = run["staged"]
+        assert set(written) <= set(staged) <= {*written, run["full_at"]}, run
+
+
+# -- issue 52: the data is on disk before the rename makes it the file ---------------------------
+
+
+class DiskCalls:
+    """os.fsync and os.replace as they run (the real ones, called through): each recorded with
+    the path the fsynced descriptor has open, in order."""
+
+    def __init__(self, monkeypatch):
+        self.events = []
+        fsync, replace = os.fsync, os.replace
+
+        def traced_fsync(fd):
+            self.events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+            return fsync(fd)
+
+        def traced_replace(src, dst, **kwargs):
+            self.events.append(("replace", str(src), str(dst)))
+            return replace(src, dst, **kwargs)
+
+        monkeypatch.setattr(os, "fsync", traced_fsync)
+        monkeypatch.setattr(os, "replace", traced_replace)
+
+    def replaced(self) -> list[str]:
+        return [event[2] for event in self.events if event[0] == "replace"]
+
+    def check_flushed_before_renamed(self) -> None:
+        for i, event in enumerate(self.events):
+            if event[0] == "replace":
+                assert ("fsync", event[1]) in self.events[:i], (event, self.events[:i])
+
+
+def test_each_atomic_write_is_flushed_before_its_rename(tmp_path, monkeypatch):
+    calls = DiskCalls(monkeypatch)
+    atomic.write_text(tmp_path / "a.json", "{}\n")
+    atomic.write_with(tmp_path / "b.pt", lambda f: torch.save({"x": torch.ones(3)}, f))
+    write_spec_file(tmp_path / "best.json", SPEC)
+    atomic.append_text(tmp_path / "log.jsonl", "{}\n")
+    assert calls.replaced() == [str(tmp_path / n) for n in ("a.json", "b.pt", "best.json")]
+    calls.check_flushed_before_renamed()
+    assert calls.events[-1] == ("fsync", str(tmp_path / "log.jsonl"))  # the append, flushed
+    assert (tmp_path / "a.json").read_text() == "{}\n" and read_spec_file(tmp_path / "best.json")
+
+
+def test_an_in_place_config_rewrite_is_on_disk_in_order(model_dir, tmp_path, monkeypatch):
+    """config --in-place: every staged file flushed before its rename, and the journal renamed
+    and the folder flushed before the first file changes (a crash then finds the journal)."""
+    folder = shutil.copytree(model_dir, tmp_path / "model")
+    calls = DiskCalls(monkeypatch)
+    assert main(["config", str(folder), "--factor", "2", "--in-place"]) == 0
+    calls.check_flushed_before_renamed()
+    renames = [i for i, event in enumerate(calls.events) if event[0] == "replace"]
+    journal = calls.events[renames[0]]
+    assert journal[2] == str(folder / ".yarnlib_journal.json")
+    assert calls.events[renames[0] + 1] == ("fsync", str(folder))
+    assert str(folder / "config.json") in calls.replaced()[1:]

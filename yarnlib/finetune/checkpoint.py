@@ -11,7 +11,9 @@ anything loads.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -147,23 +149,69 @@ def resolve_resume(resume: str, output: Path) -> Path:
 
 
 def save(accelerator, output: Path, step: int, keep: int, settings: dict) -> Path:
-    """Every process writes its part into a .tmp folder, renamed once all are done."""
+    """Every process writes its part into a .tmp folder, renamed once all are done. A write that
+    fails (a full disk) removes the .tmp folder and ends in a ValueError naming the reason: the
+    earlier checkpoints stay as they were."""
     final = checkpoint_dir(output, step)
     staging = final.with_name(final.name + ".tmp")
+    try:
+        _write(accelerator, staging, settings)
+    except Exception as error:
+        reason = write_failure(error, staging.parent)
+        if reason is None:
+            raise
+        if accelerator.is_main_process:
+            atomic.remove(staging)
+        raise ValueError(
+            f"checkpoint: cannot write {final} ({reason}); nothing of step {step} was kept, the "
+            "earlier checkpoints are as they were (free space, then --resume latest)"
+        ) from None
     if accelerator.is_main_process:
-        final.parent.mkdir(parents=True, exist_ok=True)  # the first save makes checkpoints/
-        atomic.fresh_folder(staging)  # a killed save's folder, or a planted link, goes
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        atomic.write_text(staging / RUN_FILE, json.dumps(settings, indent=1) + "\n")
         atomic.remove(final)
         staging.rename(final)
         for old in completed(output)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def _write(accelerator, staging: Path, settings: dict) -> None:
+    if accelerator.is_main_process:
+        staging.parent.mkdir(parents=True, exist_ok=True)  # the first save makes checkpoints/
+        atomic.fresh_folder(staging)  # a killed save's folder, or a planted link, goes
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(staging))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        atomic.write_text(staging / RUN_FILE, json.dumps(settings, indent=1) + "\n")
+
+
+# how safetensors (Rust) names the errno of a failed write: "... (os error 28)"
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+_FULL_BELOW = 1 << 20  # bytes left: what a write that filled the disk leaves at most
+
+
+def write_failure(error: BaseException, folder: Path) -> str | None:
+    """Why a checkpoint writer failed to write into ``folder`` (a full disk, a read-only
+    folder), or None when ``error`` is not a failed write. The writers say it three ways: an
+    OSError (in the exception's chain), safetensors' error with the errno in its text, and
+    torch.save's stream writer, which names no errno: then a disk left full names it."""
+    cause = error
+    while cause is not None:
+        if isinstance(cause, OSError):
+            return cause.strerror or str(cause)
+        cause = cause.__cause__ or cause.__context__
+    found = _OS_ERROR.search(str(error))
+    if found:
+        return os.strerror(int(found.group(1)))
+    if isinstance(error, RuntimeError) and "inline_container" in str(error):
+        try:
+            stats = os.statvfs(folder)
+        except OSError:
+            return None
+        if stats.f_bavail * stats.f_frsize < _FULL_BELOW:
+            return os.strerror(errno.ENOSPC)
+    return None
 
 
 def truncate_log(path: Path, step: int) -> None:

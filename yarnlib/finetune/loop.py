@@ -335,62 +335,64 @@ def train(args) -> Result:
     )
     model.train()
     started = time.perf_counter()
-    while cursor.step < last:
-        tic = time.perf_counter()
-        rows = step_rows(cursor.step, global_batch, len(data), args.seed)
-        mine = rows.view(args.grad_accum, dp_size, args.batch_size)[:, dp_rank]
-        poses = [None] * args.grad_accum
-        if args.pose:
-            positions = step_positions(cursor.step, global_batch, args)
-            poses = positions.view(args.grad_accum, dp_size, args.batch_size, -1)[:, dp_rank]
-        losses = []
-        for micro_rows, pose in zip(mine, poses, strict=True):
-            inputs, labels = micro_batch(
-                data, micro_rows, args.cross_document_attention, attn, pose=pose
+    with bar:  # closed before an error is printed, which stays the last line
+        while cursor.step < last:
+            tic = time.perf_counter()
+            rows = step_rows(cursor.step, global_batch, len(data), args.seed)
+            mine = rows.view(args.grad_accum, dp_size, args.batch_size)[:, dp_rank]
+            poses = [None] * args.grad_accum
+            if args.pose:
+                positions = step_positions(cursor.step, global_batch, args)
+                poses = positions.view(args.grad_accum, dp_size, args.batch_size, -1)[:, dp_rank]
+            losses = []
+            for micro_rows, pose in zip(mine, poses, strict=True):
+                inputs, labels = micro_batch(
+                    data, micro_rows, args.cross_document_attention, attn, pose=pose
+                )
+                inputs = {k: v.to(accelerator.device) for k, v in inputs.items()}
+                labels = labels.to(accelerator.device)
+                if cp_size > 1:  # every shard needs its true positions
+                    positions = torch.arange(args.seq_len, device=labels.device)
+                    inputs["position_ids"] = positions.repeat(labels.shape[0], 1)
+                with accelerator.accumulate(model), context_parallel(accelerator, inputs, labels):
+                    with accelerator.autocast(), declared(inner, declared_length, spec):
+                        loss = loss_of(model, head, inputs, labels, args.chunk_size)
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and args.max_grad_norm > 0:
+                        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                losses.append(loss.detach())
+            scheduler.step()
+            cursor.step += 1
+            mean_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
+            seconds = time.perf_counter() - tic
+            record = {
+                "step": cursor.step,
+                "loss": mean_loss,
+                "lr": scheduler.get_last_lr()[0],
+                "tokens": cursor.step * global_batch * args.seq_len,
+                "tokens_per_s": global_batch * args.seq_len / seconds,
+                "memory_gib": peak_memory_gib(accelerator.device),
+                "elapsed_s": time.perf_counter() - started,
+            }
+            result.losses[cursor.step] = mean_loss
+            if not math.isfinite(mean_loss):
+                raise FloatingPointError(f"loss is {mean_loss} at step {cursor.step}; stopping")
+            if cursor.step % args.log_every == 0 or cursor.step == last:
+                log.write(record)
+                accelerator.log({k: v for k, v in record.items() if k != "step"}, step=cursor.step)
+            bar.update(1)
+            bar.set_postfix(
+                loss=f"{mean_loss:.4f}",
+                tok_s=f"{record['tokens_per_s']:.0f}",
+                mem=f"{record['memory_gib']:.1f}G",
             )
-            inputs = {k: v.to(accelerator.device) for k, v in inputs.items()}
-            labels = labels.to(accelerator.device)
-            if cp_size > 1:  # every shard needs its true positions
-                positions = torch.arange(args.seq_len, device=labels.device)
-                inputs["position_ids"] = positions.repeat(labels.shape[0], 1)
-            with accelerator.accumulate(model), context_parallel(accelerator, inputs, labels):
-                with accelerator.autocast(), declared(inner, declared_length, spec):
-                    loss = loss_of(model, head, inputs, labels, args.chunk_size)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and args.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.detach())
-        scheduler.step()
-        cursor.step += 1
-        mean_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
-        seconds = time.perf_counter() - tic
-        record = {
-            "step": cursor.step,
-            "loss": mean_loss,
-            "lr": scheduler.get_last_lr()[0],
-            "tokens": cursor.step * global_batch * args.seq_len,
-            "tokens_per_s": global_batch * args.seq_len / seconds,
-            "memory_gib": peak_memory_gib(accelerator.device),
-            "elapsed_s": time.perf_counter() - started,
-        }
-        result.losses[cursor.step] = mean_loss
-        if not math.isfinite(mean_loss):
-            raise FloatingPointError(f"loss is {mean_loss} at step {cursor.step}; stopping")
-        if cursor.step % args.log_every == 0 or cursor.step == last:
-            log.write(record)
-            accelerator.log({k: v for k, v in record.items() if k != "step"}, step=cursor.step)
-        bar.update(1)
-        bar.set_postfix(
-            loss=f"{mean_loss:.4f}",
-            tok_s=f"{record['tokens_per_s']:.0f}",
-            mem=f"{record['memory_gib']:.1f}G",
-        )
-        stopping = cursor.step == last < args.steps  # --stop-after: always resumable
-        if stopping or (args.save_every and cursor.step % args.save_every == 0):
-            checkpoint.save(accelerator, output, cursor.step, args.keep_checkpoints, run_settings)
-    bar.close()
+            stopping = cursor.step == last < args.steps  # --stop-after: always resumable
+            if stopping or (args.save_every and cursor.step % args.save_every == 0):
+                checkpoint.save(
+                    accelerator, output, cursor.step, args.keep_checkpoints, run_settings
+                )
     result.steps, result.model = cursor.step, accelerator.unwrap_model(model)
     result.optimizer = optimizer.optimizer  # accelerate's wrapper holds the torch optimizer
     if cursor.step >= args.steps:
