@@ -39,3 +39,21 @@ def test_every_help_shows_the_defaults_it_does_not_say():
                 assert "".join(f"{default}".split()) in text, (words, action.dest, default)
     # a default the help text did not state before
     assert "(default: 2.0)" in parsers["eval", "perplexity"].format_help()  # --factor
+
+
+def test_a_crash_from_a_shell_is_not_a_verdict(monkeypatch, capsys):
+    """check-rollout's exit 1 means 'above tolerance' and 2 'bad input': from a shell an
+    unexpected error exits 70 with its traceback; called from Python it raises."""
+    import yarnlib.inspect_cli as inspect_cli
+
+    def crash(args):
+        raise RuntimeError("engine died")
+
+    monkeypatch.setattr(inspect_cli, "run", crash)
+    with pytest.raises(RuntimeError, match="engine died"):
+        main(["inspect", "--factor", "4"])
+    monkeypatch.setattr("sys.argv", ["yarnlib", "inspect", "--factor", "4"])
+    assert main() == 70
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: engine died" in err
+    assert err.strip().splitlines()[-1] == "yarnlib inspect: internal error (exit 70)"

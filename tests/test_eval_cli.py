@@ -236,9 +236,9 @@ def test_unknown_dataset_column(model_dir, tmp_path, no_weights, capsys):
 
 
 def test_model_without_rope_is_refused(tmp_path, no_weights, capsys):
-    from transformers import GPT2Config
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(tmp_path / "gpt2")
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2)).save_pretrained(tmp_path / "gpt2")
     args = ["eval", "passkey", "--model", str(tmp_path / "gpt2"), "--methods", "yarn:2",
             "--output", str(tmp_path)]  # fmt: skip
     assert main(args) == 2

@@ -87,3 +87,31 @@ def test_a_missing_prompt_file_is_refused_before_any_engine_starts(model_dir, tm
     assert main(argv) == 2
     line = one_line_error(capsys, "check-rollout")
     assert "prompt_file" in line and str(missing) in line and "No such file" in line
+
+
+def test_a_folder_without_weights_is_one_line(model_dir, tmp_path, capsys):
+    folder = tmp_path / "no-weights"
+    folder.mkdir()
+    for path in model_dir.iterdir():
+        if not path.name.endswith(".safetensors"):
+            (folder / path.name).write_bytes(path.read_bytes())
+    commands = {
+        "eval": ["eval", "perplexity", "--model", str(folder), "--lengths", "128",
+                 "--output", str(tmp_path / "out")],
+        "check-rollout": ["check-rollout", str(folder), "--factor", "2", "--length", "200"],
+    }  # fmt: skip
+    for command, argv in commands.items():
+        assert main(argv) == 2
+        line = one_line_error(capsys, command)
+        assert "no weights" in line and str(folder) in line and "model.safetensors" in line
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_check_rollout_refuses_a_head_size_the_cpu_attention_cannot_run(model_dir, capsys):
+    pytest.importorskip("vllm")
+    config = json.loads((model_dir / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    assert head_dim == 16  # tiny_models' heads: below vLLM's CPU attention sizes
+    assert main(["check-rollout", str(model_dir), "--factor", "2", "--length", "200"]) == 2
+    line = one_line_error(capsys, "check-rollout")
+    assert "head_dim: 16" in line and "allowed on CPU: 32, 64" in line

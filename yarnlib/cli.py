@@ -11,6 +11,7 @@ import importlib
 import os
 import signal
 import sys
+import traceback
 
 from yarnlib import __version__
 
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # what a shell reports for a process that SIGPIPE ended, as `yes | head` does
 BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
+CRASH_EXIT = 70  # sysexits' EX_SOFTWARE: an unexpected error, never a command's own verdict
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         # stdout to /dev/null, so that the exit flush of what is still buffered does not raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return BROKEN_PIPE_EXIT
+    except Exception:
+        if argv is not None:  # called from Python: the caller sees the exception
+            raise
+        # from a shell: a crash must not read as a verdict (check-rollout's 1 = above tolerance)
+        traceback.print_exc()
+        print(f"yarnlib {args.command}: internal error (exit {CRASH_EXIT})", file=sys.stderr)
+        return CRASH_EXIT
 
 
 if __name__ == "__main__":

@@ -15,6 +15,12 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import (
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+)
 
 SMOLLM2 = "smollm2"  # the name `--model` accepts for the packaged SmolLM2-135M
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -74,25 +80,49 @@ def resolve(name: str) -> str:
 
 
 def load_config(name: str):
-    """The model's config only (cheap), for validating a run before loading weights."""
+    """The model's config only (cheap), for validating a run before loading weights (which must
+    be there)."""
     if name == SMOLLM2 and not (cache_dir() / "smollm2-135m-instruct").is_dir():
         return AutoConfig.from_pretrained(smollm2_gguf_dir(), gguf_file=SMOLLM2_GGUF)
     try:
-        return AutoConfig.from_pretrained(resolve(name))
+        config = AutoConfig.from_pretrained(resolve(name))
     except OSError as error:
         raise ValueError(f"model: cannot load a config from {name!r}: {error}") from None
     except RecursionError:  # the JSON decoder's limit, not ours
         raise ValueError(
             f"model: the config.json of {name!r} is malformed: nested too deeply"
         ) from None
+    require_weights(name)  # every caller loads them next
+    return config
+
+
+def require_weights(name: str | Path) -> None:
+    """Refuse a local folder without the weight files transformers loads (bad input, one line),
+    before a run spends minutes on anything else."""
+    folder = Path(name)
+    if not folder.is_dir():
+        return  # a hub id or `smollm2`: the loader says what is missing
+    names = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+    if not any((folder / weights).is_file() for weights in names):
+        raise ValueError(
+            f"model: {str(name)!r} has a config but no weights; allowed: a folder holding "
+            f"{' or '.join(names)} (as save_pretrained writes)"
+        )
+
+
+def pretrained_model(path: str | Path, **kwargs):
+    """``AutoModelForCausalLM.from_pretrained``, with unloadable weights as bad input."""
+    require_weights(path)
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as error:
+        raise ValueError(f"model: cannot load the weights of {str(path)!r}: {error}") from None
 
 
 def load_model(name: str, dtype=torch.float32, attn_implementation: str = "sdpa"):
     """(model in eval mode, tokenizer) for a local folder, a hub id or ``smollm2``."""
     path = resolve(name)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation=attn_implementation
-    )
+    model = pretrained_model(path, dtype=dtype, attn_implementation=attn_implementation)
     return model.eval(), AutoTokenizer.from_pretrained(path)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from yarnlib import atomic
+from yarnlib.models import pretrained_model, require_weights
 from yarnlib.spec import RopeScaling
 from yarnlib.vllm.args_cli import add_spec_arguments, model_kwargs, spec_from_args
 
@@ -50,11 +51,9 @@ def transformers_logprobs(
     model_dir, spec: RopeScaling, ids: list[int], scale_len: int, chunk: int = 1024
 ) -> torch.Tensor:
     """log p(token_i | tokens_<i) for i ≥ 1, float32, without a [tokens × vocab] tensor."""
-    from transformers import AutoModelForCausalLM
-
     import yarnlib
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = pretrained_model(model_dir, dtype=torch.float32).eval()
     yarnlib.patch(
         model,
         method=spec.method,
@@ -140,6 +139,7 @@ def compare(
             f"length must be < max_model_len ({engine_len}) so vLLM can add one token, got {length}"
         )
     ids = prompt_ids(model_dir, length, seed, prompt_file)
+    check_runnable(model_dir)
     # vLLM must run a dynamic method at the scale of max_model_len (the fixed_scale_length
     # llm_kwargs writes): the transformers side declares that length, not the one in kwargs,
     # so an engine fixed at another length fails the check.
@@ -177,6 +177,27 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"{verdict}: max |Δ| {report['max_abs']:.3e} vs tolerance {report['tolerance']:.1e}")
 
 
+def check_runnable(model_dir: str | Path) -> None:
+    """Bad input before an engine starts: a folder without weights, or (on CPU) a head size
+    vLLM's CPU attention refuses, asked of that backend itself."""
+    require_weights(model_dir)
+    if torch.cuda.is_available():
+        return
+    from transformers import AutoConfig
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = AutoConfig.from_pretrained(model_dir)
+    head_dim = getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads
+    )
+    if not CPUAttentionBackend.supports_head_size(head_dim):
+        allowed = ", ".join(map(str, CPUAttentionBackend.get_supported_head_sizes()))
+        raise ValueError(
+            f"head_dim: {head_dim} in {str(model_dir)!r} is not run by vLLM's CPU attention; "
+            f"allowed on CPU: {allowed} (or run on a GPU)"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     kwargs = model_kwargs(args.model_dir, spec, args.max_model_len)
@@ -202,8 +223,8 @@ def register(subparsers) -> None:
         "check-rollout",
         help="compare transformers (patched) and vLLM prompt log-probs on one long prompt",
         description="Score one long prompt with the yarnlib-patched transformers model and with "
-        "vLLM (float32); print max/mean |Δ log p| within and beyond the original context and "
-        "exit 1 above the tolerance.",
+        "vLLM (float32); print max/mean |Δ log p| within and beyond the original context. "
+        "Exit 0: within the tolerance; 1: above it; 2: bad input (one line); 70: a crash.",
     )
     add_spec_arguments(parser)
     parser.add_argument("--length", type=int, required=True, help="prompt tokens N")
