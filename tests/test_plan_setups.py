@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 import yaml
+from benchmark_scripts import BENCHMARKS, load
 from test_plan import MOE_ON_4, QWEN3_8B, QWEN3_30B_A3B, QWEN25_7B, _plan
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -135,3 +136,9 @@ def test_loss_chunk_is_finetunes_chunk_size(tmp_path, capsys):
     assert "--chunk-size 4096" in report["command"]
     code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv[2:], "--loss-chunk", "4096")
     assert code == 2 and "error: loss_chunk" in out.err and "allowed" in out.err
+
+
+def test_published_table_is_the_scripts_output():
+    text = (BENCHMARKS.parent / "docs" / "plan.md").read_text()
+    shown = text.split("<!-- published -->\n")[1].split("\n<!-- /published -->")[0]
+    assert shown == load("plan_published").table()
