@@ -133,6 +133,22 @@ def test_cli_bad_input_names_field(model_dir, capsys):
         assert message in capsys.readouterr().err
 
 
+def test_a_folder_that_records_its_scaling_needs_no_factor(model_dir, capsys):
+    """An unscaled folder needs --factor; once `yarnlib config` scaled it (with an original the
+    file does not say), the command without flags prints what --factor 4 with that L does."""
+    assert cli.main(["vllm-args", str(model_dir), "--json"]) == 2
+    assert "factor: required" in capsys.readouterr().err
+    scaled = ["--factor", "4", "--original-max-position-embeddings", "128"]
+    assert cli.main(["config", str(model_dir), *scaled, "--in-place"]) == 0
+    capsys.readouterr()
+    assert cli.main(["vllm-args", str(model_dir), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    expected = llm_kwargs(RopeScaling("yarn", 4.0, 128, 50000.0, 32), head_dim=32)
+    assert printed == {"model": str(model_dir), **expected}
+    assert cli.main(["vllm-args", str(model_dir), *scaled, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == printed
+
+
 @pytest.fixture(scope="module")
 def serve_parser():
     pytest.importorskip("vllm")

@@ -50,7 +50,8 @@ def model_kwargs(
 
 
 def spec_from_args(args: argparse.Namespace) -> RopeScaling:
-    """``--spec FILE`` (exactly that spec), or ``--method``/``--factor`` on the unscaled model."""
+    """``--spec FILE`` (exactly that spec), ``--method``/``--factor`` on the unscaled model, or
+    with neither, the scaling the folder's config.json records."""
     options = ("method", "factor", "original_max_position_embeddings")
     if args.spec:
         given = ["--" + o.replace("_", "-") for o in options if getattr(args, o) is not None]
@@ -58,7 +59,13 @@ def spec_from_args(args: argparse.Namespace) -> RopeScaling:
             raise ValueError(f"spec: {args.spec} is the whole spec; drop {', '.join(given)}")
         return spec_on_model(args.spec, current_spec(args.model_dir))
     if args.factor is None:
-        raise ValueError("factor: required (e.g. --factor 4), or a spec file with --spec FILE")
+        recorded = current_spec(args.model_dir)
+        if recorded.method != "none" and args.method is None:
+            return recorded  # the folder's own scaling (`yarnlib config` wrote it, or it ships)
+        raise ValueError(
+            "factor: required (e.g. --factor 4) for a folder whose config.json does not scale the "
+            "RoPE, or a spec file with --spec FILE"
+        )
     return spec_for_model(
         args.model_dir,
         "yarn" if args.method is None else args.method,
@@ -70,7 +77,11 @@ def spec_from_args(args: argparse.Namespace) -> RopeScaling:
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_dir", help="a model folder with config.json")
     parser.add_argument("--method", help=f"one of {', '.join(METHODS)}; default yarn")
-    parser.add_argument("--factor", type=float, help="context multiplier s (>= 1)")
+    parser.add_argument(
+        "--factor",
+        type=float,
+        help="context multiplier s (>= 1); default: the scaling config.json records",
+    )
     parser.add_argument("--spec", metavar="FILE", help="a spec file (best.json of yarnlib tune)")
     parser.add_argument(
         "--original-max-position-embeddings",
