@@ -293,6 +293,35 @@ def test_rerun_continues_the_search(model_dir, tmp_path, capsys, space):
     assert set(final["start"]["held_out"]) >= {"objective", "nll_within_original"}
 
 
+def test_summary_shows_each_rows_margin_over_the_start_and_the_held_out(
+    model_dir, tmp_path, capsys
+):
+    data = text_dataset(tmp_path / "data", {"a": 1500})
+    assert tune(model_dir, data, tmp_path / "out", 3) == 0
+    printed = capsys.readouterr().out.splitlines()
+    final = json.loads((tmp_path / "out" / "final.json").read_text())
+    head = next(i for i, line in enumerate(printed) if line.startswith("objective: "))
+    assert "calibration" in printed[head + 1] and "held-out" in printed[head + 1]
+    table = printed[
+        head + 2 : next(i for i, line in enumerate(printed) if line.startswith("best:"))
+    ]
+    rows = {line[:22].strip(): line[22:].split() for line in table}
+    start = final["start"]
+    for name, words in rows.items():
+        row = final["start" if name.startswith("start") else name]
+        numbers = [float(w) for w in words if w.lstrip("+-").replace(".", "").isdigit()]
+        values = [row["calibration"]["objective"], row["held_out"]["objective"]]
+        if name.startswith("start"):
+            assert numbers == pytest.approx(values, abs=1e-6)
+        else:
+            margins = [v - start[part]["objective"] for v, part in zip(
+                values, ("calibration", "held_out"), strict=True)]  # fmt: skip
+            assert numbers == pytest.approx(
+                [values[0], margins[0], values[1], margins[1]], abs=2e-6
+            )
+    assert set(rows) >= {"start (yarn defaults)", "best"}
+
+
 def test_a_changed_calibration_file_is_searched_again(model_dir, tmp_path, capsys):
     data = text_dataset(tmp_path / "data", {"a": 1500, "b": 1500})
     assert tune(model_dir, data, tmp_path / "out", 2, "--space", "yarn") == 0

@@ -276,9 +276,7 @@ def run(args) -> int:
     print(f"trials: {len(search.seen)} ({search.computed} computed now); {output / TRIALS}")
     if proxy is not None:
         print(_proxy_table(proxy, length))
-    for name in rows:
-        label = "start (yarn defaults)" if name == "start" else name
-        print(f"{label}: {final[name]['calibration']['objective']:.4f}  {final[name]['key']}")
+    print(summary_table(final, list(rows), OBJECTIVES[args.objective]))
     print(f"best: {to_spec(native, original, search.best_point).describe()}")
     print(f"spec: {output / BEST}; results: {output / FINAL}")
     print(check_command(args.model, output / BEST, length, original))
@@ -294,6 +292,24 @@ def check_command(model: str, spec_file: Path, length: int, original: int) -> st
         f"  yarnlib eval passkey --model {model} --methods yarn:{length / original:g} "
         f"--spec {spec_file} --lengths {lengths} --output {spec_file.parent / 'passkey'}"
     )
+
+
+def summary_table(final: dict, names: list[str], objective: str) -> str:
+    """Each row's objective on the calibration (and held-out) text, against YaRN's defaults
+    (the start), so the winner and its margin are read off, not worked out."""
+    held = all("held_out" in final[name] for name in names)
+    columns = ["calibration", "held-out"] if held else ["calibration"]
+    head = f"{'':<22}" + "".join(f"{c:>13}{'vs start':>10}" for c in columns)
+    lines = [f"objective: {objective}", head + "  trial"]
+    for name in names:
+        label = "start (yarn defaults)" if name == "start" else name
+        line = f"{label:<22}"
+        for part in ("calibration", "held_out")[: len(columns)]:
+            value, start = final[name][part]["objective"], final["start"][part]["objective"]
+            change = "" if name == "start" else f"{value - start:+.6f}"
+            line += f"{value:>13.6f}{change:>10}"
+        lines.append(f"{line}  {final[name]['key']}")
+    return "\n".join(lines)
 
 
 def _scores(record: dict) -> dict:
