@@ -111,9 +111,8 @@ def test_verl_reads_the_fragment(tmp_path, grpo_plan):
     from yarnlib import RopeScaling
     from yarnlib.integrations import verl
 
-    plan = planner.evaluate(
-        planner.replace(grpo_plan, rollout_n=2), sp=4, cp=1, tp=2, offload="optimizer"
-    )
+    setup = planner.replace(grpo_plan, rollout_n=2, activation_offload=True)
+    plan = planner.evaluate(setup, sp=4, cp=1, tp=2, offload="optimizer")
     assert plan.fits
     fragment = fragments.verl(plan)
     folder = tiny_folder(tmp_path / "tiny", "qwen2", head_dim=32)
@@ -134,6 +133,7 @@ def test_verl_reads_the_fragment(tmp_path, grpo_plan):
     assert rollout_cfg.gpu_memory_utilization == plan.utilization
     assert rollout_cfg.max_model_len == 768
     assert config.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 1024
+    assert model.enable_activation_offload
 
 
 def test_trl_reads_the_fragment(tmp_path, grpo_plan):

@@ -142,3 +142,41 @@ def test_published_table_is_the_scripts_output():
     text = (BENCHMARKS.parent / "docs" / "plan.md").read_text()
     shown = text.split("<!-- published -->\n")[1].split("\n<!-- /published -->")[0]
     assert shown == load("plan_published").table()
+
+
+def test_activation_offload_keeps_two_layers_on_the_gpu():
+    # verl's enable_activation_offloading: one layer group offloading while the next computes
+    shape = shape_from_config(QWEN25_7B)
+    setup = planner.Setup(shape, "verl", 131072, 8, 1, 140 * GIB, activation_offload=True)
+    plan = planner.evaluate(setup, sp=4, cp=1, tp=1, offload="none")
+    tokens, h = 32768, 3584
+    extras = (4 + 2) * h + 4 + 2 * 128 * 2 + 8  # final norm, cos and sin, ids (per token)
+    assert plan.lines["activations kept (all layers)"] == (2 * h * 2 + extras) * tokens
+    kept = planner.evaluate(planner.replace(setup, activation_offload=False), 4, 1, 1, "none")
+    assert (
+        kept.lines["activations kept (all layers)"] - plan.lines["activations kept (all layers)"]
+        == (28 - 2) * h * 2 * tokens
+    )
+    model = fragments.verl(plan)["actor_rollout_ref"]["model"]
+    assert model["enable_activation_offload"] is True
+
+
+@pytest.mark.parametrize("engine", ["finetune", "trl", "easyr1"])
+def test_activation_offload_only_where_the_engine_has_it(tmp_path, capsys, engine):
+    argv = ["--engine", engine, "--context", "8192", "--gpus", "8", "--gpu-memory", "80GiB"]
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv, "--activation-offload")
+    assert code == 2 and "error: activation_offload" in out.err and "allowed" in out.err
+
+
+def test_trl_rollout_is_planned_with_trls_own_batched_tokens(tmp_path, capsys):
+    # TRL builds its colocated LLM(max_num_batched_tokens=4096) whatever its config says
+    argv = ["--engine", "trl", "--context", "16384", "--gpus", "8", "--gpu-memory", "80GiB"]
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv, "--tp", "2", "--json")
+    report = json.loads(out.out)
+    u = report["chosen"]["gpu_memory_utilization"]
+    h, i, d, params = 3584, 18944, 128, 7615616512
+    forward = 4096 * 2 * (4 * h + (2 * 28 * d + 2 * 2 * d) // 2 + 3 * i // 2)
+    budget = int(u * 80 * GIB) - params - (forward + 2 * 4 * 256 * 152064) - GIB
+    assert report["rollout"]["kv_blocks"] == budget // (16 * 2 * 28 * 2 * d * 2)
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv, "--max-num-batched-tokens", "8192")
+    assert code == 2 and "error: max_num_batched_tokens" in out.err

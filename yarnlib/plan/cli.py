@@ -78,13 +78,28 @@ def setup_from_args(args) -> planner.Setup:
         attn=args.attn or ("sdpa" if (args.cp or 1) > 1 else "flash"),
         logits=args.logits,
         utilization=u,
-        batched_tokens=args.max_num_batched_tokens,
+        batched_tokens=_batched_tokens(args),
         reference=args.kl,
         reserve=parse_bytes("reserve", args.reserve),
         backend=args.backend,
         micro_batch=args.micro_batch,
         chunk=_loss_chunk(args),
+        activation_offload=args.activation_offload,
     )
+
+
+def _batched_tokens(args) -> int:
+    """``--max-num-batched-tokens``: vLLM's chunked-prefill budget (8192), which the verl and
+    EasyR1 fragments set; TRL builds its colocated vLLM with its own."""
+    if args.max_num_batched_tokens is None:
+        return 8192
+    if args.engine == "trl":
+        raise ValueError(
+            f"max_num_batched_tokens: TRL's colocated vLLM always runs "
+            f"{planner.TRL_BATCHED_TOKENS}, which the plan uses; allowed: leave it out with "
+            "--engine trl"
+        )
+    return args.max_num_batched_tokens
 
 
 def _loss_chunk(args) -> int:
@@ -126,6 +141,7 @@ def report(setup: planner.Setup) -> dict:
             "logits": s.logits_mode,
             "checkpointing": s.checkpointing,
             "backend": s.backend,
+            "activation_offload": s.activation_offload,
             "micro_batch": s.micro_batch,
             "tokens_per_gpu": plan.tokens_per_gpu,
         },
@@ -230,11 +246,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--loss-chunk", type=int, default=None, help="finetune: loss chunk in tokens (1024)"
     )
+    p.add_argument(
+        "--activation-offload",
+        action="store_true",
+        help="verl: checkpointed activations to CPU memory (enable_activation_offload)",
+    )
     p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     p.add_argument("--attn", choices=ATTENTION, default=None, help="default flash (sdpa with cp)")
     p.add_argument("--logits", choices=("chunked", "full"), default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="vLLM's (verl, EasyR1): 8192"
+    )
     p.add_argument("--no-kl", dest="kl", action="store_false", help="no reference model")
     p.add_argument("--reserve", default="2GiB", help="per GPU outside the plan (CUDA, NCCL)")
     p.add_argument("--json", action="store_true")

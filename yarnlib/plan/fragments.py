@@ -46,6 +46,7 @@ def verl(plan: Plan) -> dict[str, Any]:
                 "use_remove_padding": True,
                 "enable_gradient_checkpointing": s.checkpointing,
                 "use_fused_kernels": s.logits_mode == "chunked",
+                "enable_activation_offload": s.activation_offload,
             },
             "actor": {
                 "ulysses_sequence_parallel_size": plan.sp,

@@ -121,15 +121,19 @@ def activations(
     attn: str = "flash",
     chunk: int = 0,
     attended: int | None = None,
+    offloaded: bool = False,
 ) -> Activations:
     """``tokens``: this rank's tokens (sequence / context parallel: the local shard);
     ``attended``: keys a query attends (the full sequence; eager attention only);
-    ``chunk``: loss chunk in tokens (0: the full logits)."""
+    ``chunk``: loss chunk in tokens (0: the full logits); ``offloaded``: what the layers keep
+    goes to CPU memory layer by layer, two layers' worth at most on the GPU (verl's
+    ``enable_activation_offload``: one group offloading while the next computes)."""
     attended = tokens if attended is None else attended
     layer = layer_bytes_per_token(shape, attn, p, attended) * tokens
     weights = 2 * linear_params(shape) if p.autocast else 0  # bf16 copies kept per layer
     per_layer = shape.hidden_size * p.residual * tokens if checkpointing else layer + weights
-    saved = shape.num_hidden_layers * per_layer + model_bytes_per_token(shape, p) * tokens
+    layers = min(2, shape.num_hidden_layers) if offloaded else shape.num_hidden_layers
+    saved = layers * per_layer + model_bytes_per_token(shape, p) * tokens
     # mul backward of act(gate) * up: its two output grads beside the incoming one, while the
     # product down_proj kept is already freed; plus the grads of the residual stream in and out
     backward = (2 * shape.intermediate_size * p.compute + 2 * shape.hidden_size * 4) * tokens

@@ -26,6 +26,7 @@ ENGINES = ("verl", "easyr1", "trl", "finetune")
 OFFLOAD = ("none", "optimizer", "all")  # optimizer states; then weights and grads as well
 BACKENDS = ("fsdp", "deepspeed")  # the actor's sharding: FSDP2, or DeepSpeed ZeRO-3
 GRPO = ("verl", "easyr1", "trl")
+TRL_BATCHED_TOKENS = 4096  # trl.generation.vllm_generation builds LLM(max_num_batched_tokens=4096)
 CHUNK = 1024  # tokens per loss chunk (yarnlib finetune --chunk-size, verl's fused kernels)
 # what stays on the GPU between phases
 RESIDENT = (
@@ -66,6 +67,7 @@ class Setup:
     backend: str = "fsdp"  # fsdp | deepspeed (ZeRO-3; finetune)
     micro_batch: int = 1  # sequences per micro-batch per GPU (before the sequence split)
     chunk: int = CHUNK  # loss chunk in tokens when the loss is chunked (yarnlib finetune)
+    activation_offload: bool = False  # verl's enable_activation_offload
 
     @property
     def world(self) -> int:
@@ -74,9 +76,12 @@ class Setup:
     @property
     def vllm_batched_tokens(self) -> int:
         """vLLM's max_num_batched_tokens as the engine runs it: EasyR1 turns chunked prefill
-        off, and vLLM then needs the whole sequence in one step."""
+        off, and vLLM then needs the whole sequence in one step; TRL's colocated vLLM is
+        built with 4096 whatever the config says."""
         if self.engine == "easyr1":
             return max(self.batched_tokens, self.context)
+        if self.engine == "trl":
+            return TRL_BATCHED_TOKENS
         return self.batched_tokens
 
     @property
@@ -163,6 +168,7 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
         attn=s.attn,
         chunk=chunk,
         attended=s.context,
+        offloaded=s.activation_offload,
     )
     rows = min(chunk or head_rows, head_rows)
     acts = replace(acts, head=memory.logits_bytes(s.shape, rows, p))
@@ -244,6 +250,11 @@ def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
 
 
 def _check_backend(s: Setup) -> None:
+    if s.activation_offload and s.engine != "verl":
+        raise ValueError(
+            f"activation_offload: {s.engine} has no offload of the checkpointed activations "
+            "the plan could set; allowed: --activation-offload with --engine verl"
+        )
     if s.backend == "fsdp":
         return
     if s.engine != "finetune":
