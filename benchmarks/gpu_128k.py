@@ -13,11 +13,11 @@ The run, in the order its results matter (each task resumes from what is already
    the held-out plays: three samples, each a held-out play followed by the other two (joined
    by a blank line, cyclically: ~140k tokens), so that the first 2k/8k/32k tokens of a
    sample are issue 28's samples and its first 64k are the 64k table's pairs;
-4. passkey at 131072 for untrained ``yarn:16`` and PoSE ×16: 30 independent prompts (classic
+4. ``train-x4`` and ``train-x8``: the same recipe, steps and batch (32k and 64k targets), then
+   passkey at their targets and perplexity up to them (cheap: before the long prompts);
+5. passkey at 131072 for untrained ``yarn:16`` and PoSE ×16: 30 independent prompts (classic
    filler, each its own offset, depth and key; the same seed, so the same prompts for every
    model: paired), Wilson 95 % intervals, 10 prompts per invocation, the rows taking turns;
-5. ``train-x4`` and ``train-x8``: the same recipe, steps and batch (32k and 64k targets), then
-   passkey at their targets and perplexity up to them;
 6. ``grpo``: one GRPO step at 128k (benchmarks/gpu_128k_grpo.py, its own process);
 7. passkey at 65536 and 32768 for untrained ``yarn:16`` and PoSE ×16.
 
@@ -495,13 +495,13 @@ def tasks(run: Run) -> list[tuple[str, object]]:
         ("ppl-native", lambda: perplexity(run, "native")),
         ("ppl-yarn16", lambda: perplexity(run, "yarn16")),
         ("ppl-x16", lambda: perplexity(run, "x16")),
-        (f"passkey-{t['x16']}", lambda: passkey(run, both, t["x16"])),
         ("train-x4", lambda: train(run, "x4")),
         ("train-x8", lambda: train(run, "x8")),
         (f"passkey-x4-{t['x4']}", lambda: passkey(run, ("x4",), t["x4"])),
         (f"passkey-x8-{t['x8']}", lambda: passkey(run, ("x8",), t["x8"])),
         ("ppl-x4", lambda: perplexity(run, "x4")),
         ("ppl-x8", lambda: perplexity(run, "x8")),
+        (f"passkey-{t['x16']}", lambda: passkey(run, both, t["x16"])),
         ("grpo", lambda: grpo(run)),
         (f"passkey-{t['x8']}", lambda: passkey(run, both, t["x8"])),
         (f"passkey-{t['x4']}", lambda: passkey(run, both, t["x4"])),
