@@ -180,3 +180,37 @@ def test_trl_rollout_is_planned_with_trls_own_batched_tokens(tmp_path, capsys):
     assert report["rollout"]["kv_blocks"] == budget // (16 * 2 * 28 * 2 * d * 2)
     code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv, "--max-num-batched-tokens", "8192")
     assert code == 2 and "error: max_num_batched_tokens" in out.err
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_lora_params_equal_what_peft_trains(arch):
+    from peft import LoraConfig, get_peft_model
+    from tiny_models import tiny_config
+
+    from yarnlib.finetune.cli import DEFAULT_LORA_TARGETS
+
+    config = tiny_config(arch, num_attention_heads=4, num_key_value_heads=2, head_dim=24)
+    model = AutoModelForCausalLM.from_config(config)
+    targets = DEFAULT_LORA_TARGETS.split(",")
+    peft_model = get_peft_model(model, LoraConfig(r=8, target_modules=targets))
+    trained = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert shape_from_config(config.to_dict()).lora_params(8) == trained
+
+
+def test_lora_under_zero3_by_hand(tmp_path, capsys):
+    # frozen base: its bf16 weights only, gathered without grads; the adapter's 18 bytes/param
+    shape = shape_from_config(QWEN25_7B)
+    setup = planner.Setup(shape, "finetune", 65536, 4, 1, 80 * GIB, backend="deepspeed")
+    plan = planner.evaluate(planner.replace(setup, lora_rank=16), 1, 1, 1, "none")
+    params, h, q, kv = 7615616512, 3584, 3584, 512
+    adapter = 28 * 16 * ((h + q) + 2 * (h + kv) + (q + h))
+    assert [plan.lines[k] for k in ZERO3] == [
+        2 * (params + adapter) // 4,
+        16 * adapter // 4,
+        2 * 152064 * 3584,
+    ]
+    argv = ["--engine", "finetune", "--context", "65536", "--gpus", "4", "--gpu-memory", "80GB"]
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv, "--backend", "deepspeed", "--lora", "16")
+    assert code == 0 and "--lora --lora-rank 16" in out.out
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv, "--lora", "16")  # FSDP: refused
+    assert code == 2 and "error: lora" in out.err and "allowed" in out.err

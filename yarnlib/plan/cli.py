@@ -54,7 +54,7 @@ def setup_from_args(args) -> planner.Setup:
     if prompt + response > context:
         raise ValueError(f"context: {context} < prompt + response = {prompt + response}")
     fields = ("gpus", "nodes", "rollout_n", "sp", "cp", "tp", "max_num_batched_tokens")
-    for field in (*fields, "micro_batch", "loss_chunk"):
+    for field in (*fields, "micro_batch", "loss_chunk", "lora"):
         _positive(field, getattr(args, field))
     u = args.gpu_memory_utilization
     if u is not None and not 0 < u < 1:
@@ -85,6 +85,7 @@ def setup_from_args(args) -> planner.Setup:
         micro_batch=args.micro_batch,
         chunk=_loss_chunk(args),
         activation_offload=args.activation_offload,
+        lora_rank=args.lora or 0,
     )
 
 
@@ -142,6 +143,7 @@ def report(setup: planner.Setup) -> dict:
             "checkpointing": s.checkpointing,
             "backend": s.backend,
             "activation_offload": s.activation_offload,
+            "lora_rank": s.lora_rank,
             "micro_batch": s.micro_batch,
             "tokens_per_gpu": plan.tokens_per_gpu,
         },
@@ -245,6 +247,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch per GPU")
     p.add_argument(
         "--loss-chunk", type=int, default=None, help="finetune: loss chunk in tokens (1024)"
+    )
+    p.add_argument(
+        "--lora",
+        type=int,
+        default=None,
+        metavar="RANK",
+        help="finetune under DeepSpeed: LoRA of this rank on q, k, v, o (frozen base)",
     )
     p.add_argument(
         "--activation-offload",

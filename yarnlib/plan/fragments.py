@@ -195,6 +195,8 @@ def finetune_command(plan: Plan) -> str:
     flags = [f"--seq-len {s.context}", f"--chunk-size {chunk}", "--mixed-precision bf16"]
     if s.micro_batch > 1:
         flags.append(f"--batch-size {s.micro_batch}")
+    if s.lora_rank:
+        flags.append(f"--lora --lora-rank {s.lora_rank}")
     if not s.checkpointing:
         flags.append("--no-gradient-checkpointing")
     if plan.cp > 1:

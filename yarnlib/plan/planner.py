@@ -68,6 +68,7 @@ class Setup:
     micro_batch: int = 1  # sequences per micro-batch per GPU (before the sequence split)
     chunk: int = CHUNK  # loss chunk in tokens when the loss is chunked (yarnlib finetune)
     activation_offload: bool = False  # verl's enable_activation_offload
+    lora_rank: int = 0  # finetune --lora --lora-rank (0: full fine-tuning)
 
     @property
     def world(self) -> int:
@@ -137,14 +138,16 @@ def _zero3_states(s: Setup, offload: str) -> dict[str, int]:
     (``estimate_zero3_model_states_mem_needs``): 18 bytes per parameter over all ranks, 2 of
     them (the bf16 weights) left on the GPU when the optimizer is offloaded, none when the
     parameters are too; plus the largest module gathered with its grads, 4 bytes per parameter
-    (for these models the embedding or the output head)."""
-    params = s.shape.params
-    weights = 2 * params // s.world if offload != "all" else 0
-    master = 16 * params // s.world if offload == "none" else 0
+    (for these models the embedding or the output head). With LoRA the base is frozen: its bf16
+    weights only, gathered without grads, and the 18 bytes per parameter are the adapter's."""
+    params, trained = s.shape.params, s.shape.lora_params(s.lora_rank)
+    weights = 2 * (params + trained) // s.world if offload != "all" else 0
+    master = 16 * (trained or params) // s.world if offload == "none" else 0
+    largest = s.shape.largest_module_params
     return {
         "ZeRO-3 bf16 weights (sharded)": weights,
         "ZeRO-3 fp32 master, grads, AdamW (sharded)": master,
-        "ZeRO-3 gathered module (bf16 weights, grads)": 4 * s.shape.largest_module_params,
+        "ZeRO-3 gathered module (bf16 weights, grads)": (2 if trained else 4) * largest,
     }
 
 
@@ -250,6 +253,11 @@ def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
 
 
 def _check_backend(s: Setup) -> None:
+    if s.lora_rank and (s.engine != "finetune" or s.backend != "deepspeed"):
+        raise ValueError(
+            "lora: planned for yarnlib finetune under DeepSpeed ZeRO-3 (it refuses --lora "
+            "under FSDP); allowed: --lora with --engine finetune --backend deepspeed"
+        )
     if s.activation_offload and s.engine != "verl":
         raise ValueError(
             f"activation_offload: {s.engine} has no offload of the checkpointed activations "

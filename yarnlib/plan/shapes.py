@@ -100,6 +100,13 @@ class ModelShape:
             mlp *= 3 * self.num_experts
         return max(self.embedding_params, mlp, self.hidden_size * self.q_width)
 
+    def lora_params(self, rank: int) -> int:
+        """Adapter parameters of rank ``rank`` on q, k, v and o of every layer (yarnlib
+        finetune's default ``--lora-targets``): r × (fan-in + fan-out) per projection."""
+        h, q, kv = self.hidden_size, self.q_width, self.kv_width
+        per_layer = rank * ((h + q) + 2 * (h + kv) + (q + h))
+        return self.num_hidden_layers * per_layer
+
     @property
     def params(self) -> int:
         """All parameters, as ``sum(p.numel() for p in model.parameters())`` counts them."""
