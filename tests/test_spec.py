@@ -319,7 +319,7 @@ def test_a_shipped_spec_survives_pickle_and_copy():
     assert expected[3] == {"mscale": 1.0, "mscale_all_dim": 1.0}
     plain = shipped.replace()  # the same fields, not the checkpoint's own: behaves otherwise
     assert shipped_behaviour(plain)[:3] == (163840, False, None)
-    assert plain != shipped
+    assert plain != shipped and repr(shipped) == repr(plain) + ".as_shipped()"
     back, there = spawned_copy(shipped)
     copies = [pickle.loads(pickle.dumps(shipped)), copy.deepcopy(shipped), copy.copy(shipped), back]
     for twin in copies:

@@ -262,7 +262,8 @@ class RopeScaling:
     def __repr__(self):
         shown = {k: v for k, v in self.fields().items() if k not in KNOB_DEFAULTS}
         shown.update(self.knobs())
-        return "RopeScaling(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+        text = "RopeScaling(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+        return text + ".as_shipped()" if self.shipped else text
 
     def _validate_knobs(self):
         if self.beta_fast < self.beta_slow:
