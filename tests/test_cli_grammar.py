@@ -1,11 +1,13 @@
 """One CLI a newcomer can guess: --version, defaults shown in every --help."""
 
+import os
 from argparse import SUPPRESS
 
 import pytest
 
 from yarnlib import __version__
 from yarnlib.cli import build_parser, main
+from yarnlib.config import current_spec
 
 
 def subcommand_parsers(parser=None, prefix=()):
@@ -57,3 +59,99 @@ def test_a_crash_from_a_shell_is_not_a_verdict(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "Traceback" in err and "RuntimeError: engine died" in err
     assert err.strip().splitlines()[-1] == "yarnlib inspect: internal error (exit 70)"
+
+
+# -- the model argument: one grammar ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    from test_eval_support import tiny_folder
+
+    return tiny_folder(tmp_path_factory.mktemp("grammar") / "model")
+
+
+def hub_cache(root, repo_id: str, source) -> None:
+    """A hub id's snapshot laid out as huggingface_hub's cache keeps it (refs/main names the
+    revision; snapshots/<revision>/ holds links to blobs), read back by snapshot_download."""
+    import shutil
+
+    repo = root / "hub" / f"models--{repo_id.replace('/', '--')}"
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    (repo / "blobs").mkdir()
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for path in source.iterdir():
+        blob = repo / "blobs" / path.name
+        shutil.copyfile(path, blob)
+        (snapshot / path.name).symlink_to(blob)
+
+
+@pytest.mark.parametrize(
+    "command", [["config"], ["inspect"], ["vllm-args", "--factor", "2", "--json"]]
+)
+def test_the_model_positionally_or_by_option_gives_the_same(folder, capsys, command):
+    outputs = []
+    for model in ([str(folder)], ["--model", str(folder)]):
+        assert main([*command[:1], *model, *command[1:]]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0]
+    assert main([*command[:1], str(folder), "--model", str(folder), *command[1:]]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        main([*command[:1], str(folder), "--model", str(folder.parent), *command[1:]])
+    assert refused.value.code == 2
+    assert "model: given twice" in capsys.readouterr().err
+
+
+def test_a_missing_model_names_what_is_allowed(capsys):
+    for command in (["config"], ["vllm-args", "--factor", "2"]):
+        with pytest.raises(SystemExit) as refused:
+            main(command)
+        assert refused.value.code == 2
+        err = capsys.readouterr().err
+        assert f"yarnlib {command[0]}: error: model: missing" in err and "'smollm2'" in err
+
+
+def test_a_hub_id_is_read_from_the_local_cache_only(folder, tmp_path, monkeypatch, capsys):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    argv = [sys.executable, "-m", "yarnlib", "config", "acme/tiny-llama"]
+    missing = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert missing.returncode == 2
+    assert "'acme/tiny-llama' is not a folder and not in the local Hugging Face cache" in (
+        missing.stderr
+    )
+    hub_cache(tmp_path, "acme/tiny-llama", folder)
+    found = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert found.returncode == 0 and "acme--tiny-llama/snapshots/" in found.stdout
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    for command in (["config"], ["vllm-args", "--factor", "2", "--json"]):
+        assert main([command[0], "acme/tiny-llama", *command[1:]]) == 0
+        by_id = capsys.readouterr().out
+        assert main([command[0], str(folder), *command[1:]]) == 0
+        by_folder = capsys.readouterr().out
+        snapshot = next((tmp_path / "hub").glob("models--acme--tiny-llama/snapshots/*"))
+        assert by_id.replace(str(snapshot), "F") == by_folder.replace(str(folder), "F")
+
+
+def test_smollm2_names_its_cached_folder_which_config_never_rewrites_in_place(
+    folder, tmp_path, monkeypatch, capsys
+):
+    import shutil
+
+    monkeypatch.setenv("YARNLIB_CACHE", str(tmp_path))
+    cached = tmp_path / "smollm2-135m-instruct"  # where the GGUF's conversion is kept
+    shutil.copytree(folder, cached)
+    before = (cached / "config.json").read_bytes()
+    assert main(["config", "smollm2"]) == 0
+    assert capsys.readouterr().out.startswith(f"{cached}: llama")
+    assert main(["config", "smollm2", "--factor", "4", "--in-place"]) == 2
+    assert "--output DIR" in capsys.readouterr().err
+    assert (cached / "config.json").read_bytes() == before
+    assert main(["config", "smollm2", "--factor", "4", "--output", str(tmp_path / "x4")]) == 0
+    assert current_spec(tmp_path / "x4").factor == 4.0

@@ -13,7 +13,7 @@ import signal
 import sys
 import traceback
 
-from yarnlib import __version__
+from yarnlib import __version__, model_arg
 
 # module path of each subcommand, in the order `yarnlib --help` lists them
 SUBCOMMANDS = [
@@ -70,7 +70,9 @@ CRASH_EXIT = 70  # sysexits' EX_SOFTWARE: an unexpected error, never a command's
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    model_arg.check_model_given(args)
     try:
+        model_arg.resolve_model_folder(args)
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
         return code

@@ -11,6 +11,7 @@ from typing import Any
 from yarnlib import atomic
 from yarnlib.config import current_spec
 from yarnlib.frequencies import base_inv_freq, extrapolation_weight
+from yarnlib.model_arg import add_model_argument
 from yarnlib.spec import METHODS, RAMP_METHODS, RopeScaling, canonical_method
 
 PLOT_FORMATS = (".png", ".svg", ".pdf")
@@ -167,10 +168,13 @@ def spec_from_args(args: argparse.Namespace) -> RopeScaling:
     }
     if args.model_dir:
         spec = current_spec(args.model_dir)
+        if args.method is None and args.factor is not None and spec.method == "none":
+            given["method"] = "yarn"  # a factor on an unscaled folder: yarn, as in every command
         changes = {k: v for k, v in given.items() if v is not None}
-        if args.method is not None and canonical_method(args.method) == "none":
+        method = given["method"]
+        if method is not None and canonical_method(method) == "none":
             changes.setdefault("factor", 1.0)  # the folder's factor would not apply
-        if args.method and spec.method == "none" and args.original_max_position_embeddings is None:
+        if method and spec.method == "none" and args.original_max_position_embeddings is None:
             changes.setdefault("original_max_position_embeddings", spec.max_position_embeddings)
         return spec.replace(**changes) if changes else spec
     defaults = {"method": "yarn", "factor": 1.0, "rope_theta": 10000.0}
@@ -200,13 +204,22 @@ def register(subparsers) -> None:
         description="Show what a RoPE scaling method does to each frequency dimension. Give the "
         "parameters, or a model folder (its config.json), or both (the flags override it).",
     )
-    parser.add_argument("model_dir", nargs="?", help="a model folder with config.json")
-    parser.add_argument("--method", help=f"one of {', '.join(METHODS)} (or an alias)")
+    add_model_argument(parser, "model_dir", required=False, folder=True)
+    parser.add_argument(
+        "--method",
+        help=f"one of {', '.join(METHODS)} (or an alias); default: yarn, or a folder's own",
+    )
     parser.add_argument("--factor", type=float)
     parser.add_argument("--original-max-position-embeddings", type=int)
     parser.add_argument("--rope-theta", type=float)
     parser.add_argument("--rotary-dim", type=int)
-    parser.add_argument("--seq-len", type=int, help="current length, for the dynamic methods")
+    parser.add_argument(
+        "--length",
+        "--seq-len",
+        dest="seq_len",
+        type=int,
+        help="current length, for the dynamic methods",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--plot",

@@ -44,9 +44,13 @@ def smollm2_gguf_dir() -> Path:
     return folder
 
 
+def smollm2_cache() -> Path:
+    return cache_dir() / "smollm2-135m-instruct"
+
+
 def smollm2_dir() -> Path:
     """The cached safetensors copy of SmolLM2-135M, converted from the GGUF on first use."""
-    target = cache_dir() / "smollm2-135m-instruct"
+    target = smollm2_cache()
     if (target / "model.safetensors").is_file():
         return target
     gguf_dir = smollm2_gguf_dir()
@@ -82,7 +86,7 @@ def resolve(name: str) -> str:
 def load_config(name: str):
     """The model's config only (cheap), for validating a run before loading weights (which must
     be there)."""
-    if name == SMOLLM2 and not (cache_dir() / "smollm2-135m-instruct").is_dir():
+    if name == SMOLLM2 and not smollm2_cache().is_dir():
         return AutoConfig.from_pretrained(smollm2_gguf_dir(), gguf_file=SMOLLM2_GGUF)
     try:
         config = AutoConfig.from_pretrained(resolve(name))

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from yarnlib import atomic
 from yarnlib.config import files
+from yarnlib.model_arg import add_model_argument
+from yarnlib.models import smollm2_cache
 from yarnlib.spec import METHODS, YARN_KNOB_DEFAULTS
 from yarnlib.spec_file import spec_on_model
 from yarnlib.vllm import versions
@@ -74,6 +77,11 @@ def locked(args: argparse.Namespace) -> int:
     second rewrite meanwhile is refused as busy (exit 2), not raced."""
     if not args.in_place:
         return run(args)
+    if Path(args.model_dir).resolve() == smollm2_cache().resolve():
+        raise ValueError(
+            f"in_place: {args.model_dir} is yarnlib's copy of the packaged SmolLM2 that every "
+            "`--model smollm2` loads; allowed: --output DIR (a new folder) or --dry-run"
+        )
     with atomic.lock_folder(args.model_dir):
         return run(args)
 
@@ -140,7 +148,7 @@ def register(subparsers) -> None:
         "model_max_length / max_length) to run that scaling; --reset restores the native files. "
         "A change needs --in-place, --output DIR or --dry-run.",
     )
-    parser.add_argument("model_dir", help="a model folder with config.json")
+    add_model_argument(parser, "model_dir", folder=True)
     report = parser.add_argument_group("report")
     report.add_argument("--show", action="store_true", help="report only (the default)")
     report.add_argument("--check", action="store_true", help="exit 1 on any inconsistency")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from yarnlib.config.files import CONFIG, check_one_original, current_spec, read_files
 from yarnlib.convert import head_dim_of
+from yarnlib.model_arg import add_model_argument
 from yarnlib.spec import METHODS, RopeScaling
 from yarnlib.spec_file import spec_on_model
 from yarnlib.vllm import versions
@@ -75,7 +76,7 @@ def spec_from_args(args: argparse.Namespace) -> RopeScaling:
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model_dir", help="a model folder with config.json")
+    add_model_argument(parser, "model_dir", folder=True)
     parser.add_argument("--method", help=f"one of {', '.join(METHODS)}; default yarn")
     parser.add_argument(
         "--factor",
