@@ -240,7 +240,7 @@ def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
             raise ValueError(f"cp: context parallel is planned for finetune only, not {s.engine}")
     if s.tp is not None:
         parallel.check_tensor_parallel(s.shape, s.tp, s.gpus)
-    _check_backend(s)
+    _check_engine_settings(s)
     sps = [s.sp] if s.sp else parallel.ulysses_degrees(s.shape, s.world) if ulysses else [1]
     cps = [s.cp] if s.cp else (parallel.context_parallel_degrees(s.world, s.context))
     if s.engine != "finetune" or s.backend == "deepspeed":
@@ -252,7 +252,8 @@ def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
     return sps, cps, tps, offloads
 
 
-def _check_backend(s: Setup) -> None:
+def _check_engine_settings(s: Setup) -> None:
+    """Refuse settings the chosen engine has no setting for (one line naming the field)."""
     if s.lora_rank and (s.engine != "finetune" or s.backend != "deepspeed"):
         raise ValueError(
             "lora: planned for yarnlib finetune under DeepSpeed ZeRO-3 (it refuses --lora "
@@ -341,7 +342,5 @@ def _longest_fitting(s: Setup) -> str | None:
     if length >= s.prompt + s.response:
         return f"a shorter context: {length} tokens (--context {length})"
     response = length - s.prompt
-    flags = f"--response {response}"
-    if s.context != s.prompt + s.response:  # the user gave --context: it must shrink as well
-        flags += f" --context {length}"
-    return f"a shorter response: {response} tokens ({flags})"
+    # --context too: a --context the user gave would otherwise keep the sequence as long
+    return f"a shorter response: {response} tokens (--response {response} --context {length})"
