@@ -155,3 +155,19 @@ def test_smollm2_names_its_cached_folder_which_config_never_rewrites_in_place(
     assert (cached / "config.json").read_bytes() == before
     assert main(["config", "smollm2", "--factor", "4", "--output", str(tmp_path / "x4")]) == 0
     assert current_spec(tmp_path / "x4").factor == 4.0
+
+
+def test_tune_and_finetune_take_the_model_the_same_way():
+    from yarnlib.finetune.cli import parse_args as finetune_args
+
+    rest = {
+        "tune": ["--target-length", "512", "--dataset", "d", "--output", "o"],
+        "finetune": ["--dataset", "d", "--seq-len", "64", "--steps", "1", "--output", "o"],
+    }
+    for command, options in rest.items():
+        for model in (["M"], ["--model", "M"]):
+            assert build_parser().parse_args([command, *model, *options]).model == "M"
+    # `accelerate launch -m yarnlib.finetune` parses the same arguments
+    assert finetune_args(["M", *rest["finetune"]]).model == "M"
+    with pytest.raises(SystemExit):
+        finetune_args(rest["finetune"])

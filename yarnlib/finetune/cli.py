@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from yarnlib.model_arg import add_model_argument, check_model_given
 from yarnlib.spec import METHODS, canonical_method
 
 DEFAULT_LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_argument(p, "model")
     g = p.add_argument_group("model")
-    g.add_argument("--model", required=True, help="folder, hub id, or 'smollm2'")
     g.add_argument("--method", default="yarn", help=f"RoPE scaling: {', '.join(METHODS)}")
     g.add_argument("--factor", type=float, default=None, help="scale factor s (needed unless none)")
     g.add_argument("--original-max-position-embeddings", type=int, default=None)
@@ -146,7 +147,9 @@ def check_args(args) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="yarnlib finetune", description=DESCRIPTION)
     add_arguments(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_model_given(args)
+    return args
 
 
 def run(args) -> int:

@@ -15,6 +15,7 @@ from yarnlib.documents import load_documents
 from yarnlib.eval.cli import DTYPES, positive, warn_fewer_samples
 from yarnlib.eval.methods import Method, check_methods
 from yarnlib.eval.store import CellStore, content_id
+from yarnlib.model_arg import add_model_argument
 from yarnlib.models import load_config, load_model, resolve
 from yarnlib.spec_file import write_json, write_spec_file
 from yarnlib.tune.needle import check_needles, needle_objective, needle_windows
@@ -336,7 +337,7 @@ def register(subparsers) -> None:
         f"{TRIALS} (a rerun continues), {BEST} (the best spec so far, for --spec of config / "
         f"vllm-args / check-rollout / eval) and {FINAL}.",
     )
-    p.add_argument("--model", required=True, help="local folder, hub id, or 'smollm2'")
+    add_model_argument(p, "model")
     p.add_argument("--target-length", type=int, required=True, help="context N to reach")
     p.add_argument(
         "--original-max-position-embeddings", type=int, help="L (default: from the config)"
