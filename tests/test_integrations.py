@@ -376,3 +376,25 @@ def test_verl_raises_the_token_budget_only_without_chunked_prefill(
     rollout["enable_chunked_prefill"], rollout["max_num_batched_tokens"] = chunked, budget
     out = verl.apply(verl_cfg, spec(), output=tmp_path / "scaled")["actor_rollout_ref"]["rollout"]
     assert (out["max_model_len"], out["max_num_batched_tokens"]) == (768, expected)
+
+
+@pytest.mark.parametrize("framework", ["verl", "easyr1"])
+def test_an_in_place_recipe_completes_an_interrupted_rewrite_first(
+    framework, verl_cfg, easyr1_cfg, model_dir
+):
+    """A `config --in-place` killed between its renames leaves the folder half old, half new
+    (and a journal); the recipe's in-place rewrite completes it, under the lock, then scales."""
+    from test_config_files import killed_at
+
+    from yarnlib.config import current_spec
+
+    original = (model_dir / "config.json").read_bytes()
+    # renamed: the journal, config.json.bak; killed before config.json
+    assert killed_at(model_dir, ["--factor", "2", "--in-place"], 3)
+    assert (model_dir / ".yarnlib_journal.json").exists()
+    apply, cfg = (verl.apply, verl_cfg) if framework == "verl" else (easyr1.apply, easyr1_cfg)
+    apply(cfg, spec(), in_place=True)
+    assert current_spec(model_dir) == spec()
+    assert (model_dir / "config.json.bak").read_bytes() == original
+    left = [p.name for p in model_dir.iterdir() if p.name.endswith((".tmp", "journal.json"))]
+    assert left == []
