@@ -109,12 +109,29 @@ DRY = {
 
 
 def yarnlib(*argv: str) -> None:
-    """One ``yarnlib`` command in this process (as a user runs it; no model reload per import)."""
+    """One ``yarnlib`` command in this process (as a user runs it; no model reload per import),
+    after the device's memory of the command before it is released."""
+    import gc
+
+    import torch
+
     from yarnlib.cli import main
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
     code = main(list(argv))
     if code:
         raise SystemExit(f"yarnlib {' '.join(argv)}: exit {code}")
+
+
+def finetune(argv: list[str]) -> None:
+    """``yarnlib finetune`` in this process, with an Accelerator of its own."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)
+    yarnlib(*argv)
 
 
 def write_json(path: Path, data) -> None:
@@ -306,8 +323,7 @@ def factor(plan: dict, key: str) -> int:
 def measure(run: Run) -> None:
     """tokens/s of the ×16 recipe on this device, and the steps every training run gets."""
     plan, folder = run.plan, run.state / "measure"
-    argv = train_argv(run, "x16", folder, steps=plan["measure_steps"], save=False)
-    yarnlib(*argv)
+    finetune(train_argv(run, "x16", folder, steps=plan["measure_steps"], save=False))
     log = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
     rates = sorted(r["tokens_per_s"] for r in log[1:] or log)  # the first step compiles
     rate = rates[len(rates) // 2]
@@ -369,7 +385,7 @@ def train(run: Run, key: str) -> None:
 
     steps = read_json(run.state / "measure.json")["steps"]
     folder = run.state / key / "train"
-    yarnlib(*train_argv(run, key, folder, steps))
+    finetune(train_argv(run, key, folder, steps))
     adapter = run.state / key / "adapter"
     bfloat16_adapter(folder / "adapter", adapter)
     shutil.rmtree(folder / "adapter")  # the float32 copy: neither carried nor committed
@@ -557,9 +573,12 @@ def results(state: Path, plan: dict) -> dict:
             "perplexity": {c["length"]: math.exp(c["nll"]) for c in cells},
             "passkey": {r["length"]: r for r in by_length(keys)},
         }
+    from gpu_check import absent_on_gpu_machine
+
     return {"plan": plan, "measure": read_json(state / "measure.json"), "rows": found,
             "grpo": read_json(state / "grpo" / "summary.json"),
-            "progress": read_json(state / "progress.json")}  # fmt: skip
+            "progress": read_json(state / "progress.json"),
+            "absent_on_gpu_machine": absent_on_gpu_machine()}  # fmt: skip
 
 
 def markdown(found: dict) -> str:

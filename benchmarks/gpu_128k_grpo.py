@@ -184,16 +184,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-chunk", type=int, default=8192, help="the rollout's prefill chunk")
     p.add_argument("--output", type=Path, required=True)
     args = p.parse_args(argv)
-    from datasets import Dataset
+    from gpu_check import absent_on_gpu_machine  # benchmarks/, beside this script
     from transformers import AutoTokenizer
-    from trl import GRPOTrainer
 
+    import yarnlib.integrations.trl_rollout  # noqa: F401  (HFRollout's, before the check)
     from yarnlib import config
     from yarnlib.documents import DEFAULT_DATASET
     from yarnlib.integrations import knights_knaves, logprob_gap
     from yarnlib.integrations import trl as yarnlib_trl
     from yarnlib.models import resolve
     from yarnlib.spec_file import write_json
+
+    # what this step's own code imports of what the GPU machine lacks (TRL then imports
+    # datasets, carried as a wheel, and vLLM only where one is installed)
+    ours = absent_on_gpu_machine()
+    from datasets import Dataset
+    from trl import GRPOTrainer
 
     source = resolve(args.model)
     spec = config.target_spec(source, "yarn", args.factor)
@@ -238,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_mb": {"rollout": record["rollout_peak_mb"], "update": update_peak},
         "plan": planned(model_path, max(record["prompt_lengths"]), args.completion_tokens,
                         args.generations),
+        "absent_on_gpu_machine": ours,
         "rollout": f"HF: chunked prefill ({args.prefill_chunk}) into the KV cache, then sampling "
                    "from it; actor: one forward over the sequence",
     }  # fmt: skip

@@ -53,6 +53,12 @@ def test_every_task_runs_and_the_packed_files_fit_what_comes_back(run):
     archives = sorted((run / "out").iterdir())
     assert [a.name for a in archives] == ["results.tgz", "x16.tgz", "x4.tgz", "x8.tgz"]
     assert all(a.stat().st_size < 16 * 2**20 for a in archives)  # the device tool's limits
+    # the run imports nothing the GPU machine lacks (the GRPO step: datasets comes as a wheel)
+    assert json.loads((run / "state" / "results.json").read_text())["absent_on_gpu_machine"] == []
+    assert (
+        json.loads((run / "state" / "grpo" / "summary.json").read_text())["absent_on_gpu_machine"]
+        == []
+    )
     for archive in archives:
         with tarfile.open(archive) as tar:
             members = tar.getnames()
