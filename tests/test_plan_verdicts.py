@@ -113,6 +113,7 @@ def test_shorter_response_is_shorter_and_fits_when_followed(tmp_path, capsys, en
         ({"max_position_embeddings": "32768"}, "max_position_embeddings"),
         ({"tie_word_embeddings": "false"}, "tie_word_embeddings"),
         ({"hidden_size": 16}, "head_dim"),  # 3584 // 28 heads derived as 0
+        ({"rope_scaling": {"type": "yarn", "factor": "4"}}, "factor"),
     ],
 )
 def test_bad_config_fields_are_one_line(tmp_path, capsys, changes, field):

@@ -158,7 +158,10 @@ def rope_context(config: dict[str, Any], max_position_embeddings: int) -> RopeCo
         return None
     from yarnlib.spec import RopeScaling  # the spec layer, only for configs with a length
 
-    spec = RopeScaling.from_hf(config)
+    try:
+        spec = RopeScaling.from_hf(config)
+    except ValueError as error:
+        raise ValueError(f"config.json: {error}") from None
     original = spec.original_max_position_embeddings or max_position_embeddings
     if spec.is_checkpoint_scaling:
         return RopeContext(spec.method, spec.factor, original, max_position_embeddings, True)
