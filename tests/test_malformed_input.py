@@ -115,3 +115,23 @@ def test_check_rollout_refuses_a_head_size_the_cpu_attention_cannot_run(model_di
     assert main(["check-rollout", str(model_dir), "--factor", "2", "--length", "200"]) == 2
     line = one_line_error(capsys, "check-rollout")
     assert "head_dim: 16" in line and "allowed on CPU: 32, 64" in line
+
+
+def test_a_tokenizer_that_encodes_nothing_is_named(model_dir, tmp_path, capsys):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for path in model_dir.iterdir():
+        if not path.name.startswith(("tokenizer", "special_tokens")):
+            (folder / path.name).write_bytes(path.read_bytes())
+    # a BPE without an unknown token drops every character it lacks: the plays become no tokens
+    empty = Tokenizer(models.BPE({"\u2603": 0, "<eos>": 1}, []))
+    PreTrainedTokenizerFast(tokenizer_object=empty, eos_token="<eos>").save_pretrained(folder)
+    data = text_dataset(tmp_path / "data", {"a": 400, "b": 300})
+    argv = ["eval", "perplexity", "--model", str(folder), "--dataset", str(data),
+            "--lengths", "128", "--output", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    line = one_line_error(capsys, "eval")
+    assert "tokenizer: it encodes none of the 2 documents" in line

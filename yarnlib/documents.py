@@ -134,6 +134,12 @@ def select_samples(
     many documents were skipped as too short. Each sample is a document's first L tokens."""
     chosen, skipped = {}, {}
     longest = max(token_counts, default=0)
+    if token_counts and longest == 0:
+        raise ValueError(
+            f"tokenizer: it encodes none of the {len(token_counts)} documents into a single "
+            "token; allowed: a tokenizer that encodes this text (check the model's tokenizer "
+            "files, e.g. a vocabulary without these characters and no unknown token)"
+        )
     for length in lengths:
         if length > longest:
             raise ValueError(
