@@ -236,3 +236,32 @@ def _alone(folder: Path) -> Path:
     if not target.exists():
         target.symlink_to(folder)
     return alone
+
+
+def wheel(folder: Path, name: str, tag: str) -> Path:
+    """A minimal wheel of one module ``name`` (the files pip reads), written by hand."""
+    import zipfile
+
+    path = folder / f"{name}-1.0-{tag}.whl"
+    info = f"{name}-1.0.dist-info"
+    files = {
+        f"{name}.py": "VALUE = 1\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{info}/WHEEL": f"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: {tag}\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{n},,\n" for n in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+    return path
+
+
+def test_only_missing_wheels_are_installed_and_a_misfit_is_not_fatal(tmp_path, capsys):
+    site = tmp_path / "site"
+    fits = wheel(tmp_path, "yarnlib_probe", "py3-none-any")
+    misfit = wheel(tmp_path, "yarnlib_probe_other", "cp27-cp27mu-manylinux1_x86_64")
+    present = wheel(tmp_path, "pytest", "py3-none-any")  # this Python has pytest: skipped
+    gpu_128k.install_missing_wheels([fits, misfit, present], site)
+    assert (site / "yarnlib_probe.py").read_text() == "VALUE = 1\n"
+    assert not (site / "yarnlib_probe_other.py").exists() and not (site / "pytest.py").exists()
+    assert "yarnlib_probe_other-1.0-cp27" in capsys.readouterr().out
