@@ -124,3 +124,17 @@ def test_two_processes_with_pose_equal_one(tmp_path):
     ranks = two_ranks(tmp_path, common)
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])
     one_process_agrees(tmp_path, common, ranks[0])
+
+
+def test_two_ranks_say_saved_once(tmp_path):
+    """`torchrun -m yarnlib.finetune` on two processes: one `saved` line for the run."""
+    common = common_args(tmp_path, "--factor", "2")
+    done = launch(
+        [
+            "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+            "--master_port", str(free_port()), "-m", "yarnlib.finetune", *common,
+            "--output", str(tmp_path / "run"),
+        ]
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count(f"saved {tmp_path / 'run' / 'model'}") == 1, done.stdout

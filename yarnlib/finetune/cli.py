@@ -153,10 +153,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(args) -> int:
+    from accelerate import PartialState
+
     from yarnlib.finetune.loop import train
 
     check_args(args)
     result = train(args)
+    if not PartialState().is_main_process:  # one line for the run, not one per rank
+        return 0
     if result.model_dir is not None:
         print(f"saved {result.model_dir}")
     else:
