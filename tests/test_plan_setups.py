@@ -214,3 +214,51 @@ def test_lora_under_zero3_by_hand(tmp_path, capsys):
     assert code == 0 and "--lora --lora-rank 16" in out.out
     code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv, "--lora", "16")  # FSDP: refused
     assert code == 2 and "error: lora" in out.err and "allowed" in out.err
+
+
+def test_sft_with_ulysses_is_zero3_at_the_local_tokens():
+    # a second path: Ulysses sp 4 over 65536 tokens keeps what one GPU keeps for 16384
+    shape = shape_from_config(QWEN3_8B)
+    setup = planner.Setup(shape, "sft", 65536, 4, 1, 80 * GIB, backend="deepspeed")
+    ulysses = planner.evaluate(setup, sp=4, cp=1, tp=1, offload="optimizer")
+    alone_setup = planner.replace(setup, engine="finetune", context=16384, logits="full")
+    alone = planner.evaluate(alone_setup, 1, 1, 1, "optimizer")
+    assert ulysses.tokens_per_gpu == 16384
+    assert ulysses.lines == alone.lines
+    assert ulysses.lines["loss head (logits, log-softmax, grads)"] == 12 * 16384 * 151936
+
+
+def test_sft_fragment_read_by_trl_and_accelerate(tmp_path, capsys):
+    pytest.importorskip("trl")
+    from accelerate.commands.config.config_args import load_config_from_file
+    from trl import SFTConfig
+
+    argv = ["--engine", "sft", "--sp", "4", "--context", "65536", "--gpus", "8"]
+    code, out = _plan(tmp_path, capsys, QWEN3_8B, *argv, "--gpu-memory", "80GiB", "--json")
+    report = json.loads(out.out)
+    assert code == 0 and report["chosen"]["sp"] == 4
+    fields = {**report["fragment"], "bf16": False}
+    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, **fields)
+    assert args.max_length == 65536 and args.pad_to_multiple_of == 4
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(yaml.safe_dump(report["accelerate"]))
+    config = load_config_from_file(str(path))
+    assert config.distributed_type == "DEEPSPEED" and config.deepspeed_config["zero_stage"] == 3
+    parallelism = config.parallelism_config
+    assert parallelism["parallelism_config_sp_size"] == 4
+    assert parallelism["parallelism_config_sp_backend"] == "deepspeed"
+    assert parallelism["parallelism_config_dp_shard_size"] * 4 == 8
+
+
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--sp", "8"], "sp"),  # Qwen2.5-7B's 28 heads do not split 8 ways
+        (["--backend", "fsdp"], "backend"),
+        (["--cp", "2"], "cp"),
+    ],
+)
+def test_sft_settings_it_does_not_run(tmp_path, capsys, argv, field):
+    base = ["--engine", "sft", "--context", "65536", "--gpus", "8", "--gpu-memory", "80GiB"]
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *base, *argv)
+    assert code == 2 and f"error: {field}" in out.err and "allowed" in out.err

@@ -81,7 +81,7 @@ def setup_from_args(args) -> planner.Setup:
         batched_tokens=_batched_tokens(args),
         reference=args.kl,
         reserve=parse_bytes("reserve", args.reserve),
-        backend=args.backend,
+        backend=args.backend or ("deepspeed" if args.engine == "sft" else "fsdp"),
         micro_batch=args.micro_batch,
         chunk=_loss_chunk(args),
         activation_offload=args.activation_offload,
@@ -163,7 +163,7 @@ def report(setup: planner.Setup) -> dict:
         }
     if plan.fits:
         out["fragment"] = fragments.RENDERERS[s.engine](plan)
-        if s.engine == "trl":
+        if s.engine in ("trl", "sft"):
             out["accelerate"] = fragments.accelerate(plan)
         if s.engine == "finetune":
             out["command"] = fragments.finetune_command(plan)
@@ -241,8 +241,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backend",
         choices=planner.BACKENDS,
-        default="fsdp",
-        help="finetune: FSDP2, or DeepSpeed ZeRO-3 (with --offload: its CPU offload)",
+        default=None,
+        help="finetune: FSDP2 (default) or DeepSpeed ZeRO-3 (--offload: its CPU offload); "
+        "sft: deepspeed",
     )
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch per GPU")
     p.add_argument(

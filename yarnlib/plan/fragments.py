@@ -107,18 +107,26 @@ def easyr1(plan: Plan) -> dict[str, Any]:
     return fragment
 
 
+def _trainer_fields(plan: Plan) -> dict[str, Any]:
+    """The transformers ``TrainingArguments`` that TRL's GRPOConfig and SFTConfig share."""
+    s = plan.setup
+    return {
+        "bf16": True,
+        "gradient_checkpointing": s.checkpointing,
+        "per_device_train_batch_size": s.micro_batch,  # sequences per micro-batch
+        "use_liger_kernel": s.logits_mode == "chunked",
+    }
+
+
 def trl(plan: Plan) -> dict[str, Any]:
     """``GRPOConfig`` keyword arguments (the actor's FSDP comes from ``accelerate(plan)``)."""
     s = plan.setup
     fields = {
-        "bf16": True,
-        "gradient_checkpointing": s.checkpointing,
-        # completions per micro-batch; a generation batch then holds whole prompt groups
-        "per_device_train_batch_size": s.micro_batch,
+        **_trainer_fields(plan),
+        # a generation batch then holds whole prompt groups
         "gradient_accumulation_steps": s.rollout_n,
         "num_generations": s.rollout_n,
         "beta": 0.04 if s.reference else 0.0,
-        "use_liger_kernel": s.logits_mode == "chunked",
         "use_vllm": True,
         "vllm_mode": "colocate",
         "vllm_tensor_parallel_size": plan.tp,
@@ -170,9 +178,10 @@ def accelerate(plan: Plan) -> dict[str, Any]:
 
 def deepspeed(plan: Plan) -> dict[str, Any]:
     """An accelerate config for DeepSpeed ZeRO-3 (as examples/finetune/deepspeed_zero3*.yaml),
-    offloading the optimizer (and the parameters) to CPU memory as planned."""
+    offloading the optimizer (and the parameters) to CPU memory as planned; with Ulysses
+    (``plan.sp > 1``) accelerate's parallelism config for DeepSpeed's sequence parallel."""
     s = plan.setup
-    return {
+    config = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "DEEPSPEED",
         "mixed_precision": "bf16",
@@ -187,6 +196,30 @@ def deepspeed(plan: Plan) -> dict[str, Any]:
             "gradient_clipping": 1.0,
         },
     }
+    if plan.sp > 1:
+        config["parallelism_config"] = {
+            "parallelism_config_dp_shard_size": s.world // plan.sp,
+            "parallelism_config_sp_size": plan.sp,
+            "parallelism_config_sp_backend": "deepspeed",
+            "parallelism_config_sp_seq_length_is_variable": True,
+            "parallelism_config_sp_attn_implementation": ULYSSES_ATTENTION[s.attn],
+        }
+    return config
+
+
+def sft(plan: Plan) -> dict[str, Any]:
+    """``SFTConfig`` keyword arguments for TRL's SFTTrainer (launched with the
+    ``accelerate(plan)`` config; a LoRA plan adds ``peft_config``, peft's ``LoraConfig``)."""
+    s = plan.setup
+    fields = {
+        **_trainer_fields(plan),
+        "max_length": s.context,
+        "pad_to_multiple_of": plan.sp,  # Ulysses splits every sequence into sp equal parts
+    }
+    if s.lora_rank:
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+        fields["peft_config"] = {"r": s.lora_rank, "target_modules": targets}
+    return fields
 
 
 def finetune_command(plan: Plan) -> str:
@@ -208,4 +241,6 @@ def finetune_command(plan: Plan) -> str:
     )
 
 
-RENDERERS = {"verl": verl, "easyr1": easyr1, "trl": trl, "finetune": accelerate}
+# attn_implementation of DeepSpeed's Ulysses (accelerate's sp_attn_implementation)
+ULYSSES_ATTENTION = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "sdpa"}
+RENDERERS = {"verl": verl, "easyr1": easyr1, "trl": trl, "finetune": accelerate, "sft": sft}

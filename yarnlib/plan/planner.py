@@ -22,7 +22,10 @@ from yarnlib.plan import memory, parallel, rollout
 from yarnlib.plan.shapes import ModelShape
 
 GIB = 1024**3
-ENGINES = ("verl", "easyr1", "trl", "finetune")
+ENGINES = ("verl", "easyr1", "trl", "finetune", "sft")
+# update phase only: yarnlib finetune, and TRL's SFTTrainer under accelerate with DeepSpeed
+# ZeRO-3 and Ulysses sequence parallel (accelerate's parallelism_config sp, DeepSpeed ALST)
+TRAINING = ("finetune", "sft")
 OFFLOAD = ("none", "optimizer", "all")  # optimizer states; then weights and grads as well
 BACKENDS = ("fsdp", "deepspeed")  # the actor's sharding: FSDP2, or DeepSpeed ZeRO-3
 GRPO = ("verl", "easyr1", "trl")
@@ -64,7 +67,7 @@ class Setup:
     batched_tokens: int = 8192  # vLLM max_num_batched_tokens (chunked prefill)
     reference: bool = True  # a reference model for the KL term (GRPO)
     reserve: int = 2 * GIB  # CUDA context, NCCL buffers, allocator fragmentation
-    backend: str = "fsdp"  # fsdp | deepspeed (ZeRO-3; finetune)
+    backend: str = "fsdp"  # fsdp | deepspeed (ZeRO-3; finetune, and sft always)
     micro_batch: int = 1  # sequences per micro-batch per GPU (before the sequence split)
     chunk: int = CHUNK  # loss chunk in tokens when the loss is chunked (yarnlib finetune)
     activation_offload: bool = False  # verl's enable_activation_offload
@@ -88,7 +91,9 @@ class Setup:
     @property
     def logits_mode(self) -> str:
         # verl: use_fused_kernels; EasyR1 and TRL (without Liger) take log-probs of full logits
-        return self.logits or ("full" if self.engine in ("easyr1", "trl") else "chunked")
+        # SFTTrainer: transformers' loss over the full logits unless use_liger_kernel
+        full = ("easyr1", "trl", "sft")
+        return self.logits or ("full" if self.engine in full else "chunked")
 
 
 @dataclass
@@ -187,7 +192,7 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
     working = sum(v for k, v in lines.items() if k in WORKING)
     update = resident + working + memory.activation_peak(acts)
     plan.phases["update"] = update + s.reserve
-    if s.engine == "finetune":
+    if s.engine in TRAINING:
         _check(plan)
         return plan
     logprob = memory.forward_peak(s.shape, tokens, p, rows)
@@ -229,7 +234,7 @@ def _check(plan: Plan) -> None:
 
 
 def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
-    ulysses = s.engine in ("verl", "easyr1")
+    ulysses = s.engine in ("verl", "easyr1", "sft")
     if s.sp is not None:
         parallel.check_ulysses(s.shape, s.sp, s.world)
         if s.sp > 1 and not ulysses:
@@ -237,7 +242,10 @@ def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
     if s.cp is not None:
         parallel.check_context_parallel(s.cp, s.world, s.context)
         if s.cp > 1 and s.engine != "finetune":
-            raise ValueError(f"cp: context parallel is planned for finetune only, not {s.engine}")
+            raise ValueError(
+                f"cp: context parallel is planned for finetune only, not {s.engine}; "
+                "allowed: --cp with --engine finetune (or Ulysses --sp)"
+            )
     if s.tp is not None:
         parallel.check_tensor_parallel(s.shape, s.tp, s.gpus)
     _check_engine_settings(s)
@@ -246,7 +254,7 @@ def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
     if s.engine != "finetune" or s.backend == "deepspeed":
         cps = [1]
     tps = [s.tp] if s.tp else parallel.tensor_parallel_degrees(s.shape, s.gpus)
-    if s.engine == "finetune":
+    if s.engine in TRAINING:
         tps = [1]
     offloads = [s.offload] if s.offload else list(OFFLOAD)
     return sps, cps, tps, offloads
@@ -254,21 +262,26 @@ def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
 
 def _check_engine_settings(s: Setup) -> None:
     """Refuse settings the chosen engine has no setting for (one line naming the field)."""
-    if s.lora_rank and (s.engine != "finetune" or s.backend != "deepspeed"):
+    if s.lora_rank and (s.engine not in TRAINING or s.backend != "deepspeed"):
         raise ValueError(
-            "lora: planned for yarnlib finetune under DeepSpeed ZeRO-3 (it refuses --lora "
-            "under FSDP); allowed: --lora with --engine finetune --backend deepspeed"
+            "lora: planned under DeepSpeed ZeRO-3 (yarnlib finetune refuses --lora under "
+            "FSDP); allowed: --lora with --engine sft, or --engine finetune --backend deepspeed"
         )
     if s.activation_offload and s.engine != "verl":
         raise ValueError(
             f"activation_offload: {s.engine} has no offload of the checkpointed activations "
             "the plan could set; allowed: --activation-offload with --engine verl"
         )
+    if s.engine == "sft" and s.backend != "deepspeed":
+        raise ValueError(
+            "backend: sft runs Ulysses through DeepSpeed (accelerate's parallelism_config "
+            "sp backend); allowed: deepspeed"
+        )
     if s.backend == "fsdp":
         return
-    if s.engine != "finetune":
+    if s.engine not in TRAINING:
         raise ValueError(
-            f"backend: deepspeed is planned for finetune, not {s.engine}; allowed: fsdp"
+            f"backend: deepspeed is planned for finetune and sft, not {s.engine}; allowed: fsdp"
         )
     if (s.cp or 1) > 1 or s.shard != "full":
         raise ValueError(
@@ -337,7 +350,7 @@ def _longest_fitting(s: Setup) -> str | None:
         return None
     length = fixed + low * step
     if not fixed:
-        kind = "training window" if s.engine == "finetune" else "context"
+        kind = "training window" if s.engine in TRAINING else "context"
         return f"a shorter {kind}: {length} tokens (--context {length})"
     if length >= s.prompt + s.response:
         return f"a shorter context: {length} tokens (--context {length})"
