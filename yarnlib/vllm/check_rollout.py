@@ -203,6 +203,9 @@ def run(args: argparse.Namespace) -> int:
     kwargs = model_kwargs(args.model_dir, spec, args.max_model_len)
     if args.config_as_is:  # what verl's and EasyR1's rollouts do: config.json, no overrides
         kwargs = {"max_model_len": kwargs["max_model_len"]}
+    to_stdout = args.json == "-"
+    if to_stdout:  # stdout holds the JSON alone: vLLM's logging, unconfigured, goes to stderr
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     report = compare(
         args.model_dir,
         spec,
@@ -212,8 +215,11 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         prompt_file=args.prompt_file,
     )
-    print_report(report)
-    if args.json:  # a file: vLLM logs to stdout
+    if to_stdout:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    if args.json and not to_stdout:
         atomic.write_text(args.json, json.dumps(report, indent=2) + "\n", "json")
     return 0 if report["passed"] else 1
 
@@ -237,5 +243,12 @@ def register(subparsers) -> None:
         help="vLLM reads config.json without hf_overrides (for a folder rewritten by "
         "`yarnlib config`, as verl's and EasyR1's rollouts load it)",
     )
-    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="print the report as JSON instead of the table (vLLM's log then goes to stderr), "
+        "or with FILE also write it there",
+    )
     parser.set_defaults(func=run)
