@@ -171,3 +171,14 @@ def test_tune_and_finetune_take_the_model_the_same_way():
     assert finetune_args(["M", *rest["finetune"]]).model == "M"
     with pytest.raises(SystemExit):
         finetune_args(rest["finetune"])
+
+
+def test_plan_takes_the_model_the_same_way_and_counts_its_nouns(folder, capsys):
+    outputs = []
+    for model in ([str(folder)], ["--model", str(folder)], [str(folder / "config.json")]):
+        assert (
+            main(["plan", *model, "--context", "512", "--gpus", "1", "--gpu-memory", "80GiB"]) == 0
+        )
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert "1 GPU × 1 node," in outputs[0]

@@ -7,12 +7,15 @@ import argparse
 import json
 import re
 from dataclasses import asdict
+from pathlib import Path
 
 import yaml
 
+from yarnlib.model_arg import add_model_argument, model_folder
 from yarnlib.plan import fragments, parallel, planner, rope
 from yarnlib.plan.memory import ATTENTION
 from yarnlib.plan.shapes import read_config, shape_from_config
+from yarnlib.wording import count
 
 GIB = 1024**3
 UNITS = {"mb": 10**6, "mib": 1024**2, "gb": 10**9, "gib": GIB, "tb": 10**12, "tib": 1024**4}
@@ -41,7 +44,8 @@ def _positive(field: str, value: int | None, minimum: int = 1) -> None:
 
 
 def setup_from_args(args) -> planner.Setup:
-    shape = shape_from_config(read_config(args.model))
+    source = Path(args.model)  # a folder or its config.json; else a cached hub id or smollm2
+    shape = shape_from_config(read_config(source if source.exists() else model_folder(source)))
     for field in ("prompt", "response"):
         _positive(field, getattr(args, field), 0)
     prompt, response = args.prompt or 0, args.response or 0
@@ -181,8 +185,9 @@ def format_report(r: dict) -> str:
         f"model: {m['model_type']}, {m['params'] / 1e9:.2f} B parameters, "
         f"{m['num_hidden_layers']} layers, {m['num_attention_heads']} heads / "
         f"{m['num_key_value_heads']} kv heads",
-        f"run: {run['engine']}, {run['context']} tokens per sequence, {run['gpus_per_node']} GPUs "
-        f"× {run['nodes']} node(s), {run['gpu_bytes'] / GIB:.1f} GiB each",
+        f"run: {run['engine']}, {run['context']} tokens per sequence, "
+        f"{count(run['gpus_per_node'], 'GPU')} × {count(run['nodes'], 'node')}, "
+        f"{run['gpu_bytes'] / GIB:.1f} GiB each",
         f"valid: Ulysses sp {r['valid']['ulysses_sp']}, vLLM tp {r['valid']['vllm_tp']}, "
         f"context parallel cp {r['valid']['context_parallel_cp']}",
         "plan: " + ", ".join(f"{k} {v}" for k, v in ch.items()),
@@ -224,7 +229,7 @@ def run(args) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="model folder or its config.json")
+    add_model_argument(p, "model")  # also a config.json file
     p.add_argument("--engine", choices=planner.ENGINES, default="verl")
     p.add_argument("--context", type=int, default=None, help="tokens per sequence")
     p.add_argument("--prompt", type=int, default=None, help="prompt tokens (GRPO)")
