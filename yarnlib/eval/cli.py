@@ -1,4 +1,4 @@
-"""``yarnlib eval perplexity | passkey | lm-eval``."""
+"""``yarnlib eval perplexity | passkey | ruler | lm-eval``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from yarnlib import atomic
 from yarnlib.documents import DEFAULT_DATASET, load_documents, select_samples
 from yarnlib.eval.methods import Method, check_methods, parse_methods
+from yarnlib.eval.ruler import DEFAULT_TASKS
 from yarnlib.eval.store import CELLS, CellStore, content_id, write_csv
 from yarnlib.models import load_config, load_model, resolve
 from yarnlib.spec import METHODS
@@ -271,6 +273,108 @@ def run_passkey_cli(args) -> int:
     return 0
 
 
+def ruler_sources(args, tasks: list[str]):
+    """(haystack or None, QA folder or None, settings fields, the tasks to run, the note after
+    each task's name) of ``eval ruler``; says which tasks are skipped and which run on another
+    haystack than RULER's."""
+    from yarnlib.eval.ruler import ESSAY, SOURCES, Haystack, ensure_sentence_splitter, qa_skips
+
+    qa_dir = Path(args.qa_dir) if args.qa_dir else None
+    for task, line in qa_skips(tasks, qa_dir).items():
+        print(line)
+        tasks.remove(task)
+    if not tasks:
+        raise ValueError("tasks: every task named was skipped (see above); allowed: tasks that run")
+    extra: dict = {}
+    notes: dict[str, str] = {}
+    haystack = None
+    if any(SOURCES[t] == ESSAY for t in tasks):
+        haystack = Haystack.load(args.haystack)
+        extra = {"haystack": haystack.content, "sentence_splitter": ensure_sentence_splitter()}
+        for task in (t for t in tasks if SOURCES[t] == ESSAY):
+            notes[task] = "*"
+        print(f"essay tasks ({', '.join(notes)}): Paul Graham's essays (network) replaced by "
+              f"{haystack.name} [{extra['sentence_splitter']}]")  # fmt: skip
+    if qa_dir is not None:
+        extra["qa"] = {t: content_id_of_file(qa_dir / f) for t, f in qa_files(tasks).items()}
+    return haystack, qa_dir, extra, tasks, notes
+
+
+def qa_files(tasks: list[str]) -> dict[str, str]:
+    from yarnlib.eval.ruler import QA_FILES
+
+    return {t: QA_FILES[t] for t in tasks if t in QA_FILES}
+
+
+def content_id_of_file(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha1(path.read_bytes()).hexdigest()[:12]
+
+
+def run_ruler_cli(args) -> int:
+    from importlib.metadata import version
+
+    from yarnlib.eval import ruler
+    from yarnlib.eval.methods import apply_method, scaling_fields
+    from yarnlib.eval.plots import plot_ruler
+
+    lengths = int_list("lengths", args.lengths, minimum=256)
+    for field in ("samples", "max_cells"):
+        positive(field, getattr(args, field))
+    if args.threshold is not None and not 0 <= args.threshold <= 1:
+        raise ValueError(f"threshold: {args.threshold!r}; allowed: a score in [0, 1]")
+    tasks = ruler.check_tasks([t.strip() for t in args.tasks.split(",") if t.strip()])
+    methods, original = prepare(args, lengths)
+    haystack, qa_dir, extra, tasks, notes = ruler_sources(args, tasks)
+    keyed = {**settings(args, "samples", "seed"), "lm_eval": version("lm_eval"), **extra}
+    rows, labels = row_settings(methods), tuple(m.label for m in methods)
+    store = CellStore(
+        args.output, ("method", "task", "length"), keyed, args.resume, row_settings=rows,
+        labels=labels,
+    )  # fmt: skip
+    wanted = [(m.label, t, n) for m in methods for t in tasks for n in lengths]
+    computed = []
+    if not (args.report or all(store.has(method=m, task=t, length=n) for m, t, n in wanted)):
+        model, tokenizer = load_model(args.model, DTYPES[args.dtype])
+        model.to(run_device())
+        name = resolve(args.model)
+
+        def build(task, length):
+            return ruler.build_task(task, length, args.samples, name, args.seed, haystack, qa_dir)
+
+        def apply(method):
+            apply_method(model, method)
+            return scaling_fields(model, method)
+
+        lm = ruler.make_lm(model, tokenizer, max(lengths))
+        pairs = [(m, apply) for m in methods]
+        computed = ruler.run_ruler(
+            lm, pairs, tasks, lengths, args.samples, store, build, args.max_cells
+        )
+    records = [store.done[k] for k in wanted if k in store.done]
+    store.done = {store.key(r): r for r in records}  # the results hold the cells asked for
+    means = ruler.averages(records, tasks)
+    threshold = (
+        ruler.default_threshold(means, original) if args.threshold is None else args.threshold
+    )
+    effective = ruler.effective_lengths(means, threshold)
+    summary = {"averages": means, "threshold": threshold, "effective_length": effective,
+               "tasks": tasks, "essay_haystack": haystack.name if haystack else None}  # fmt: skip
+    finish(store, "ruler", computed, len(wanted), summary)
+    table = ruler.markdown(records, means, tasks, lengths, threshold, effective, notes)
+    if notes:
+        table += f"\n\\* essays replaced by {haystack.name}\n"
+    if threshold is None:
+        table += (f"\nno threshold: run `none` at the native length {original} or give "
+                  "--threshold\n")  # fmt: skip
+    atomic.write_text(Path(args.output) / "ruler.md", table)
+    print(table)
+    if records:
+        draw(plot_ruler, records, means, threshold, Path(args.output) / "ruler.png", args.model)
+    return 0
+
+
 def run_lm_eval_cli(args) -> int:
     """Forward to lm-eval's own CLI with the yarnlib model registered and our tasks included."""
     from lm_eval.__main__ import cli_evaluate
@@ -317,6 +421,21 @@ def common(parser, lengths: str, output: str) -> None:
     )  # fmt: skip
     parser.add_argument("--max-cells", type=int, help="stop after this many new cells")
     parser.add_argument("--dtype", default="float32", help=", ".join(DTYPES))
+
+
+RULER_OPTIONS = (
+    ("--tasks", {"default": ",".join(DEFAULT_TASKS), "help": "comma-separated RULER tasks "
+                 "(default: every task that runs offline; the essay ones on --haystack)"}),
+    ("--samples", {"type": int, "default": 5, "help": "prompts per task and length"}),
+    ("--haystack", {"nargs": "+", "metavar": "FILE|DIR", "help": "texts that replace Paul "
+                    "Graham's essays (fetched from the network) in the essay tasks (default: the "
+                    f"packaged plays, {DEFAULT_DATASET})"}),
+    ("--qa-dir", {"help": "folder holding dev-v2.0.json (SQuAD v2) and/or "
+                  "hotpot_dev_distractor_v1.json: the QA tasks run only with their file there"}),
+    ("--threshold", {"type": float, "help": "score in [0, 1] for the effective length "
+                     "(default: the `none` row's average at the model's native length)"}),
+    ("--seed", {"type": int, "default": 0}),
+)  # fmt: skip
 
 
 def register(subparsers) -> None:
@@ -370,6 +489,15 @@ def register(subparsers) -> None:
         "fewest finished prompts first (a long run in pieces: --resume goes on)",
     )  # fmt: skip
     p.set_defaults(func=interruptible(run_passkey_cli))
+
+    p = evals.add_parser(
+        "ruler", help="RULER's tasks through lm-eval, offline: score per task and length, "
+        "effective context length",
+    )  # fmt: skip
+    common(p, "4096,8192", "results/ruler")
+    for flag, options in RULER_OPTIONS:
+        p.add_argument(flag, **options)
+    p.set_defaults(func=interruptible(run_ruler_cli))
 
     p = evals.add_parser(
         "lm-eval",

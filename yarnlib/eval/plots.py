@@ -135,3 +135,45 @@ def plot_passkey_lengths(rows: list[dict], path: Path, title: str = "") -> Path:
     atomic.write_figure(path, fig, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_ruler(records, averages, threshold, path: Path, title: str = "") -> Path:
+    """RULER score per length, one panel per row: each task a thin line, the average over the
+    tasks thick with its Wilson 95 % interval, the threshold of the effective length dashed."""
+    plt = _pyplot()
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    lengths = sorted({r["length"] for r in records})
+    fig, axes = plt.subplots(1, len(methods), figsize=(1.5 + 3.6 * len(methods), 4), sharey=True)
+    axes = [axes] if len(methods) == 1 else list(axes)
+    colors = plt.get_cmap("tab20").colors
+    for ax, method in zip(axes, methods, strict=True):
+        for i, task in enumerate(tasks):
+            mine = sorted((r["length"], r["score"]) for r in records
+                          if r["method"] == method and r["task"] == task)  # fmt: skip
+            ax.plot([n for n, _ in mine], [s for _, s in mine], marker=".", lw=0.8,
+                    color=colors[i % len(colors)], label=task)  # fmt: skip
+        mean = sorted((r for r in averages if r["method"] == method), key=lambda r: r["length"])
+        if mean:
+            ys = [r["score"] for r in mean]
+            errors = [[y - r["ci_low"] for y, r in zip(ys, mean, strict=True)],
+                      [r["ci_high"] - y for y, r in zip(ys, mean, strict=True)]]  # fmt: skip
+            ax.errorbar([r["length"] for r in mean], ys, yerr=errors, color="black", lw=2.2,
+                        marker="o", capsize=3, label="average")  # fmt: skip
+        if threshold is not None:
+            ax.axhline(threshold, color="grey", ls="--", lw=1, label="threshold")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [_tokens(n) for n in lengths])
+        ax.minorticks_off()
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_title(method, fontsize=9)
+        ax.set_xlabel("context length (tokens)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("RULER score")
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.suptitle(title or "RULER", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_figure(path, fig, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
