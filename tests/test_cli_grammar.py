@@ -157,16 +157,20 @@ def test_smollm2_names_its_cached_folder_which_config_never_rewrites_in_place(
     assert current_spec(tmp_path / "x4").factor == 4.0
 
 
-def test_tune_and_finetune_take_the_model_the_same_way():
+def test_eval_tune_and_finetune_take_the_model_the_same_way():
     from yarnlib.finetune.cli import parse_args as finetune_args
 
     rest = {
+        "eval perplexity": ["--lengths", "512"],
+        "eval passkey": ["--lengths", "512"],
+        "eval ruler": ["--lengths", "512"],
         "tune": ["--target-length", "512", "--dataset", "d", "--output", "o"],
         "finetune": ["--dataset", "d", "--seq-len", "64", "--steps", "1", "--output", "o"],
     }
     for command, options in rest.items():
         for model in (["M"], ["--model", "M"]):
-            assert build_parser().parse_args([command, *model, *options]).model == "M"
+            argv = [*command.split(), *model, *options]
+            assert build_parser().parse_args(argv).model == "M"
     # `accelerate launch -m yarnlib.finetune` parses the same arguments
     assert finetune_args(["M", *rest["finetune"]]).model == "M"
     with pytest.raises(SystemExit):

@@ -131,7 +131,7 @@ def test_an_edited_spec_file_recomputes_its_own_row_only(model_dir, data_dir, tm
     write_spec_file(edited, yarn.replace(attention_factor=1.3))
     capsys.readouterr()
     assert main(args) == 0
-    assert "computed 1 cells" in capsys.readouterr().out
+    assert "computed 1 cell;" in capsys.readouterr().out
     after = json.loads((out / "perplexity.json").read_text())
     nll = {c["method"]: c["nll"] for c in after["cells"]}
     for row in ("yarn:2", "spec:kept"):  # taken from disk
@@ -148,7 +148,7 @@ def test_a_changed_document_is_measured_again(model_dir, tmp_path, capsys):
     (data / "a.txt").write_text(corpus_text(600, seed=5))  # same path, other text
     capsys.readouterr()
     assert main([*args, "--output", str(tmp_path / "out")]) == 0
-    assert "computed 1 cells" in capsys.readouterr().out  # not the stale cell
+    assert "computed 1 cell;" in capsys.readouterr().out  # not the stale cell
     assert main([*args, "--output", str(tmp_path / "fresh")]) == 0
     resumed, fresh = (cells(tmp_path / d)[-1]["nll"] for d in ("out", "fresh"))
     assert resumed == fresh

@@ -162,7 +162,7 @@ def test_cli_independent_outputs_intervals_and_resumes(model_dir, haystack, tmp_
     assert main([*args, "--max-cells", "3"]) == 0
     assert main([*args, "--resume"]) == 0
     printed = capsys.readouterr().out
-    assert "computed 1 cells" in printed and "Wilson 95 % interval" in printed
+    assert "computed 1 cell;" in printed and "Wilson 95 % interval" in printed
     result = json.loads((out / "passkey.json").read_text())
     assert result["settings"]["layout"] == "independent" and len(result["cells"]) == 4
     for cell in result["cells"]:

@@ -20,8 +20,8 @@ class _Model(argparse.Action):
         if values is None:
             return
         given = getattr(namespace, self.dest, None)
-        if given is not None and given != values:
-            parser.error(f"model: given twice ({given!r} and {values!r}); give one")
+        if given is not None and given != values:  # said after parsing, so that an unknown
+            namespace.model_conflict = (given, values)  # option before it is named instead
         setattr(namespace, self.dest, values)
 
 
@@ -41,6 +41,9 @@ def add_model_argument(
 
 def check_model_given(args: argparse.Namespace) -> None:
     field = getattr(args, "model_field", None)
+    if getattr(args, "model_conflict", None):
+        given, again = args.model_conflict
+        args.model_parser.error(f"model: given twice ({given!r} and {again!r}); give one")
     if field and args.model_required and getattr(args, field) is None:
         args.model_parser.error(
             "model: missing; give MODEL (a folder, a cached hub id or 'smollm2')"

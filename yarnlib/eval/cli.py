@@ -16,9 +16,11 @@ from yarnlib.documents import DEFAULT_DATASET, load_documents, select_samples
 from yarnlib.eval.methods import Method, check_methods, parse_methods
 from yarnlib.eval.ruler import DEFAULT_TASKS
 from yarnlib.eval.store import CELLS, CellStore, content_id, write_csv
+from yarnlib.model_arg import add_model_argument
 from yarnlib.models import load_config, load_model, resolve
 from yarnlib.spec import METHODS
 from yarnlib.spec_file import spec_on_model
+from yarnlib.wording import count
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TASKS_DIR = Path(__file__).parent / "tasks"
@@ -118,7 +120,7 @@ def draw(plot, *args) -> None:
 
 def finish(store: CellStore, name: str, computed: list, wanted: int, extra: dict) -> None:
     json_path, csv_path = store.write_final(name, extra)
-    print(f"computed {len(computed)} cells; results: {json_path}, {csv_path}")
+    print(f"computed {count(len(computed), 'cell')}; results: {json_path}, {csv_path}")
     if len(store.done) < wanted:
         print(f"stopped with {len(store.done)} of {wanted} cells done; rerun with --resume")
 
@@ -400,7 +402,7 @@ def run_lm_eval_cli(args) -> int:
 
 
 def common(parser, lengths: str, output: str) -> None:
-    parser.add_argument("--model", required=True, help="local folder, hub id, or 'smollm2'")
+    add_model_argument(parser, "model")
     parser.add_argument(
         "--methods",
         default="none,yarn",
