@@ -80,3 +80,38 @@ def test_loss_head_of_a_trl_completion_shorter_than_the_chunk():
     )
     plan = planner.evaluate(setup, sp=1, cp=1, tp=1, offload="none")
     assert plan.lines[HEAD] == 12 * 512 * 152064  # TRL's loss covers the completion only
+
+
+@pytest.mark.parametrize("logits, liger", [("chunked", True), ("full", False)])
+def test_sft_with_liger_counts_its_rmsnorm_and_swiglu(logits, liger):
+    """``use_liger_kernel`` (the sft fragment's chunked loss) swaps in Liger's RMSNorm, which
+    keeps its bf16 input and a float32 rstd per row (``ctx.save_for_backward(X, W, RSTD)``),
+    and Liger's SwiGLU, which keeps gate and up (``save_for_backward(a, b)``) and writes their
+    grads over them, so its backward adds only the incoming grad of the product."""
+    shape = shape_from_config(QWEN3_8B)
+    tokens = 65536
+    setup = planner.Setup(shape, "sft", tokens, 8, 1, 140 * GIB, backend="deepspeed", logits=logits)
+    h, i = 4096, 12288
+    layer = _qwen3_layer_bytes_per_token()
+    transient = (2 * i * 2 + 2 * h * 4) * tokens
+    if liger:  # per norm: no float32 copy (4h); MLP: no silu(gate) (2i); backward: one grad
+        layer -= 2 * 4 * h + 2 * i
+        transient -= i * 2 * tokens
+    plan = planner.evaluate(setup, sp=1, cp=1, tp=1, offload="none")
+    assert plan.lines[LAYER] == layer * tokens + transient
+    final_norm = (2 if liger else 4 + 2) * h  # Liger: bf16 input only; else float32 and bf16
+    rest = final_norm + 4 + 2 * 128 * 2 + 8  # final norm's rstd, cos and sin, input ids
+    assert plan.lines["activations kept (all layers)"] == (36 * 2 * h + rest) * tokens
+
+
+def test_liger_is_the_trl_engines_chunked_loss_only():
+    shape = shape_from_config(QWEN3_8B)
+    for engine, logits, liger in [
+        ("sft", "chunked", True),
+        ("trl", "chunked", True),
+        ("sft", None, False),  # SFTTrainer's default: transformers' loss over the full logits
+        ("verl", "chunked", False),  # verl's own fused kernels, transformers' RMSNorm and MLP
+        ("finetune", "chunked", False),  # yarnlib finetune's chunked loss
+    ]:
+        setup = planner.Setup(shape, engine, 8192, 8, 1, 140 * GIB, logits=logits)
+        assert setup.liger is liger, engine

@@ -12,6 +12,10 @@ The activation terms count what autograd keeps for backward in a transformers de
     q/k norm     Qwen3: float32 q and k plus the normalised copies
     MLP          gate, silu(gate), up and their product: 4 × intermediate
     MoE          the same per routed expert, plus the gathered inputs and the router's scores
+    Liger        (``use_liger_kernel``: TRL, transformers' Trainer) its RMSNorm keeps the input in
+                 its own dtype and a float32 rstd per row, no float32 copy
+                 (``LigerRMSNormFunction``: X, W, RSTD); its SwiGLU keeps gate and up only and
+                 writes their grads over them in backward (``LigerSiLUMulFunction``: a, b)
 
 ``tests/test_plan_memory.py`` checks these sums against the bytes autograd saves in real
 transformers models, and ``benchmarks/plan_memory.py`` the resulting peaks against measured
@@ -50,10 +54,12 @@ PRECISIONS = {
 ATTENTION = ("flash", "sdpa", "eager")
 
 
-def _norm(width: int, consumers: int, p: Precision) -> int:
-    """Bytes per token an RMSNorm of ``width`` leaves for backward, output included."""
+def _norm(width: int, consumers: int, p: Precision, liger: bool = False) -> int:
+    """Bytes per token an RMSNorm of ``width`` leaves for backward, output included; Liger's
+    keeps its input instead of a float32 copy and a normalised one (its rstd is in ``rsqrt``)."""
     output = consumers * p.compute if p.autocast else p.residual
-    return (4 + p.residual + output) * width
+    kept = p.residual if liger else 4 + p.residual
+    return (kept + output) * width
 
 
 def attention_bytes(shape: ModelShape, attended: int, attn: str, p: Precision) -> int:
@@ -70,10 +76,10 @@ def attention_bytes(shape: ModelShape, attended: int, attn: str, p: Precision) -
     return c * (2 * shape.q_width + 2 * shape.kv_width) + lse + qk_norm
 
 
-def mlp_bytes(shape: ModelShape, p: Precision) -> int:
+def mlp_bytes(shape: ModelShape, p: Precision, liger: bool = False) -> int:
     c = p.compute
-    if not shape.num_experts:
-        return 4 * c * shape.intermediate_size
+    if not shape.num_experts:  # gate, act(gate), up, their product; Liger: no act(gate)
+        return (3 if liger else 4) * c * shape.intermediate_size
     routed = shape.num_experts_per_tok
     # per routed expert: its gathered input and weighted output, then the gated MLP
     return routed * (4 * c * shape.intermediate_size + 2 * c * shape.hidden_size) + (
@@ -81,17 +87,23 @@ def mlp_bytes(shape: ModelShape, p: Precision) -> int:
     )
 
 
-def layer_bytes_per_token(shape: ModelShape, attn: str, p: Precision, attended: int = 0) -> int:
-    """Bytes one decoder layer keeps for backward per token (no checkpointing)."""
-    norms = _norm(shape.hidden_size, 3, p) + _norm(shape.hidden_size, 2, p)
+def layer_bytes_per_token(
+    shape: ModelShape, attn: str, p: Precision, attended: int = 0, liger: bool = False
+) -> int:
+    """Bytes one decoder layer keeps for backward per token (no checkpointing); ``liger``: its
+    two RMSNorms and the MLP run Liger's kernels (q/k norms stay transformers')."""
+    h = shape.hidden_size
+    norms = _norm(h, 3, p, liger) + _norm(h, 2, p, liger)
     rsqrt = 2 * 4
-    return norms + attention_bytes(shape, attended, attn, p) + mlp_bytes(shape, p) + rsqrt
+    mlp = mlp_bytes(shape, p, liger)
+    return norms + attention_bytes(shape, attended, attn, p) + mlp + rsqrt
 
 
-def model_bytes_per_token(shape: ModelShape, p: Precision) -> int:
+def model_bytes_per_token(shape: ModelShape, p: Precision, liger: bool = False) -> int:
     """Per token, outside the layers: final norm, rotary cos/sin, input ids."""
     rotary = 2 * shape.head_dim * (p.residual if not p.autocast else 4)
-    return (4 + p.residual) * shape.hidden_size + 4 + rotary + 8
+    norm = (p.residual if liger else 4 + p.residual) * shape.hidden_size
+    return norm + 4 + rotary + 8
 
 
 def linear_params(shape: ModelShape) -> int:
@@ -122,21 +134,25 @@ def activations(
     chunk: int = 0,
     attended: int | None = None,
     offloaded: bool = False,
+    liger: bool = False,
 ) -> Activations:
     """``tokens``: this rank's tokens (sequence / context parallel: the local shard);
     ``attended``: keys a query attends (the full sequence; eager attention only);
     ``chunk``: loss chunk in tokens (0: the full logits); ``offloaded``: what the layers keep
     goes to CPU memory layer by layer, two layers' worth at most on the GPU (verl's
-    ``enable_activation_offload``: one group offloading while the next computes)."""
+    ``enable_activation_offload``: one group offloading while the next computes); ``liger``:
+    Liger's RMSNorm and SwiGLU kernels in the layers (``use_liger_kernel``)."""
     attended = tokens if attended is None else attended
-    layer = layer_bytes_per_token(shape, attn, p, attended) * tokens
+    layer = layer_bytes_per_token(shape, attn, p, attended, liger) * tokens
     weights = 2 * linear_params(shape) if p.autocast else 0  # bf16 copies kept per layer
     per_layer = shape.hidden_size * p.residual * tokens if checkpointing else layer + weights
     layers = min(2, shape.num_hidden_layers) if offloaded else shape.num_hidden_layers
-    saved = layers * per_layer + model_bytes_per_token(shape, p) * tokens
+    saved = layers * per_layer + model_bytes_per_token(shape, p, liger) * tokens
     # mul backward of act(gate) * up: its two output grads beside the incoming one, while the
-    # product down_proj kept is already freed; plus the grads of the residual stream in and out
-    backward = (2 * shape.intermediate_size * p.compute + 2 * shape.hidden_size * 4) * tokens
+    # product down_proj kept is already freed (Liger: the incoming grad only, the two written
+    # over gate and up); plus the grads of the residual stream in and out
+    mlp_grads = (1 if liger else 2) * shape.intermediate_size * p.compute
+    backward = (mlp_grads + 2 * shape.hidden_size * 4) * tokens
     if shape.num_experts:
         backward *= shape.num_experts_per_tok
     rows = min(chunk, tokens) if chunk else tokens

@@ -95,6 +95,12 @@ class Setup:
         full = ("easyr1", "trl", "sft")
         return self.logits or ("full" if self.engine in full else "chunked")
 
+    @property
+    def liger(self) -> bool:
+        """TRL's chunked loss is Liger (``use_liger_kernel``), which swaps in Liger's RMSNorm
+        and SwiGLU as well as its fused linear cross-entropy."""
+        return self.engine in ("trl", "sft") and self.logits_mode == "chunked"
+
 
 @dataclass
 class Plan:
@@ -177,6 +183,7 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
         chunk=chunk,
         attended=s.context,
         offloaded=s.activation_offload,
+        liger=s.liger,
     )
     rows = min(chunk or head_rows, head_rows)
     acts = replace(acts, head=memory.logits_bytes(s.shape, rows, p))
