@@ -144,6 +144,12 @@ def test_published_table_is_the_scripts_output():
     assert shown == load("plan_published").table()
 
 
+def test_published_statistics_are_the_scripts_output():
+    text = (BENCHMARKS.parent / "docs" / "plan.md").read_text()
+    shown = text.split("<!-- published-stats -->\n")[1].split("\n<!-- /published-stats -->")[0]
+    assert shown == load("plan_published").statistics()
+
+
 def test_activation_offload_keeps_two_layers_on_the_gpu():
     # verl's enable_activation_offloading: one layer group offloading while the next computes
     shape = shape_from_config(QWEN25_7B)
