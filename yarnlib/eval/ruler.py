@@ -127,18 +127,18 @@ def ensure_sentence_splitter() -> str:
     packaged plays is written to the yarnlib cache once and used instead. Returns which."""
     import nltk
 
-    try:
-        nltk.data.find(PUNKT)
-        return "nltk punkt_tab"
-    except LookupError:
-        pass
     root = cache_dir() / "nltk_data"
-    folder = root / PUNKT
-    if not (folder / "ortho_context.tab").is_file():
-        write_punkt(folder)
-    nltk.data.path.append(str(root))
-    nltk.data.find(PUNKT)  # now found, so importing lm-eval's RULER modules downloads nothing
-    return "punkt trained on the packaged plays"
+    try:
+        found = nltk.data.find(PUNKT)
+    except LookupError:
+        if not (root / PUNKT / "ortho_context.tab").is_file():
+            write_punkt(root / PUNKT)
+        nltk.data.path.append(str(root))
+        found = nltk.data.find(PUNKT)  # now found: importing lm-eval's RULER downloads nothing
+    # (asked again in the same process, nltk finds ours on the path it was added to)
+    if Path(getattr(found, "path", str(found))).is_relative_to(root):
+        return "punkt trained on the packaged plays"
+    return "nltk punkt_tab"
 
 
 def write_punkt(folder: Path) -> None:
