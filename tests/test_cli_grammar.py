@@ -1,7 +1,9 @@
 """One CLI a newcomer can guess: --version, defaults shown in every --help."""
 
 import os
+import re
 from argparse import SUPPRESS
+from pathlib import Path
 
 import pytest
 
@@ -186,3 +188,25 @@ def test_plan_takes_the_model_the_same_way_and_counts_its_nouns(folder, capsys):
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] == outputs[2]
     assert "1 GPU × 1 node," in outputs[0]
+
+
+def test_the_docs_table_lists_every_subcommands_arguments():
+    """docs/cli.md's table is the parsers' own: a flag added or renamed shows here."""
+    text = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0] != "`--method`":
+            rows[cells[0].strip("`")] = (cells[1], cells[2])
+    leaves = {
+        " ".join(words): parser
+        for words, parser in subcommand_parsers()
+        if not any(a.nargs == "A..." for a in parser._actions)
+    }
+    assert set(leaves) <= set(rows), set(leaves) - set(rows)
+    for name, parser in leaves.items():
+        positional, options = rows[name]
+        flags = {o for a in parser._actions for o in a.option_strings if o not in ("-h", "--help")}
+        assert flags == set(re.findall(r"`(--?[\w-]+)`", options)), name
+        names = [a.metavar or a.dest for a in parser._actions if not a.option_strings]
+        assert positional == (", ".join(names) or "–"), name
