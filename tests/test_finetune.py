@@ -361,3 +361,34 @@ def test_lora_trains_adapters_and_saves_a_merged_patched_model(setup, tmp_path):
     assert not torch.equal(reloaded.state_dict()[q], base.state_dict()[q])  # adapter merged
     mlp = "model.layers.0.mlp.up_proj.weight"
     assert torch.equal(reloaded.state_dict()[mlp], base.state_dict()[mlp])  # not a target
+
+
+def test_the_oldest_checkpoints_go_and_a_step_saved_again_replaces_its_checkpoint(setup, tmp_path):
+    """--keep-checkpoints 2 keeps the two newest; resuming from an earlier checkpoint saves the
+    later step again, over the folder the first pass left (issue 52, mutation round)."""
+    common = ("--steps", "3", "--save-every", "1", "--warmup-steps", "0")
+    first = train(args_for(setup, tmp_path, *common))
+    folder = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["step-000002", "step-000003"]
+    AcceleratorState._reset_state(True)
+    resumed = train(args_for(setup, tmp_path, *common, "--resume", str(folder / "step-000002")))
+    assert sorted(resumed.losses) == [3] and abs(resumed.losses[3] - first.losses[3]) <= 1e-6
+    assert sorted(p.name for p in folder.iterdir()) == ["step-000002", "step-000003"]
+
+
+def test_a_run_resumed_with_its_model_named_another_way_is_the_same_run(
+    setup, tmp_path, monkeypatch
+):
+    """run.json pins the model folder, not the spelling: a resume naming it relatively or
+    through a link is the same run."""
+    model, _ = setup
+    train(args_for(setup, tmp_path, "--steps", "2", "--save-every", "1", "--stop-after", "1"))
+    (tmp_path / "link").symlink_to(model, target_is_directory=True)
+    monkeypatch.chdir(model.parent)
+    for name in (model.name, str(tmp_path / "link")):
+        AcceleratorState._reset_state(True)
+        argv = argv_for(setup, tmp_path, "--steps", "2", "--resume", "latest")
+        argv[argv.index(str(model))] = name
+        args = parse_args(argv)
+        check_args(args)
+        assert sorted(train(args).losses) == [2], name

@@ -326,3 +326,16 @@ def test_a_shipped_spec_survives_pickle_and_copy():
         assert twin.shipped and twin == shipped and hash(twin) == hash(shipped)
         assert shipped_behaviour(twin) == expected
     assert there is None  # the spawned process read the checkpoint's context as unknown too
+
+
+def test_marking_a_spec_as_shipped_leaves_that_spec_as_it_was():
+    knobs = {"mscale": 1.0, "mscale_all_dim": 1.0}
+    plain = RopeScaling("yarn", 4.0, 4096, 1e4, 64, **knobs)
+    index = {plain: "applied by yarnlib"}
+    shipped = plain.as_shipped()
+    assert shipped.shipped and shipped is not plain and shipped != plain
+    # the spec marked is immutable: its context, its rescales and its hash stay
+    assert not plain.shipped and not plain.is_checkpoint_scaling
+    assert plain.max_position_embeddings == 4096 * 4 and shipped.max_position_embeddings is None
+    assert plain.rescaled("yarn", 8.0).max_position_embeddings == 4096 * 8
+    assert index[RopeScaling("yarn", 4.0, 4096, 1e4, 64, **knobs)] == "applied by yarnlib"

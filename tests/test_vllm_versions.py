@@ -472,3 +472,13 @@ def test_dynamic_ntk_in_config_json_refused_from_0_22_on(version, scaled_table):
     with pytest.raises(ValueError, match=rf"vLLM {re.escape(version)} runs rope_type 'dynamic' as "
                        rf"plain RoPE .* table of {L} positions"):  # fmt: skip
         check_config_file(spec, version)
+
+
+def test_truncate_off_is_read_from_0_12_on():
+    """The boundary itself: 0.12 is the first version with the truncate key (0.11 rounds the
+    correction range always), so truncate=False goes to 0.12 as written."""
+    spec = RopeScaling("yarn", FACTOR, L, THETA, 32, truncate=False)
+    with pytest.raises(ValueError, match=r"truncate=False: vLLM 0\.11\.9 always rounds"):
+        llm_kwargs(spec, head_dim=32, vllm_version="0.11.9")
+    params = llm_kwargs(spec, head_dim=32, vllm_version="0.12.0")["hf_overrides"]
+    assert params["rope_parameters"]["truncate"] is False
