@@ -76,7 +76,7 @@ def test_perfect_answers_score_one_and_none_zero(task, length, model_dir, haysta
         round(wilson(0, 3)[1], 4),
     )
     assert silent["prompts_id"] == perfect["prompts_id"]  # one task object, the same prompts
-    assert max(perfect["prompt_tokens"]) <= length
+    assert max(perfect["ruler_length"]) <= length
 
 
 def test_partial_answers_get_partial_credit(model_dir, haystack_dir):

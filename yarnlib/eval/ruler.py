@@ -261,7 +261,8 @@ def evaluate_cell(lm, task_obj, task: str, length: int, samples: int) -> dict:
         **score_fields(scores),
         "answers": [s["filtered_resps"][0][:200] for s in logged],
         "expected": [s["doc"]["outputs"] for s in logged],
-        "prompt_tokens": [int(s["doc"]["length"]) for s in logged],
+        # RULER's `length`: the prompt's tokens plus the most it may generate
+        "ruler_length": [int(s["doc"]["length"]) for s in logged],
         "prompts_id": prompts[:12],
         "seconds": round(time.perf_counter() - started, 1),
     }
