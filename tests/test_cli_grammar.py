@@ -210,3 +210,27 @@ def test_the_docs_table_lists_every_subcommands_arguments():
         assert flags == set(re.findall(r"`(--?[\w-]+)`", options)), name
         names = [a.metavar or a.dest for a in parser._actions if not a.option_strings]
         assert positional == (", ".join(names) or "–"), name
+
+
+def test_a_librarys_warning_is_one_line_without_a_source_path(tmp_path):
+    """What a library warns about reaches the user as `warning: Category: text`."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, warnings, yarnlib.inspect_cli as i\n"
+        "run = i.run\n"
+        "def warn_then_run(args):\n"
+        "    warnings.warn('the weights are tied', UserWarning)\n"
+        "    return run(args)\n"
+        "i.run = warn_then_run\n"
+        "from yarnlib.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "inspect", "--factor", "2", "--rotary-dim", "8",
+         "--original-max-position-embeddings", "64"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "warning: UserWarning: the weights are tied"

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import traceback
+import warnings
 
 from yarnlib import __version__, model_arg
 
@@ -68,7 +69,13 @@ BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
 CRASH_EXIT = 70  # sysexits' EX_SOFTWARE: an unexpected error, never a command's own verdict
 
 
+def show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A library's warning as one line for the person at the terminal, not a source path."""
+    print(f"warning: {category.__name__}: {message}", file=file or sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = show_warning
     args = build_parser().parse_args(argv)
     model_arg.check_model_given(args)
     try:

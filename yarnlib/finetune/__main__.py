@@ -1,11 +1,14 @@
 """``accelerate launch -m yarnlib.finetune …`` (or ``torchrun -m yarnlib.finetune …``)."""
 
 import sys
+import warnings
 
+from yarnlib.cli import show_warning
 from yarnlib.finetune.cli import parse_args, run
 
 
 def main(argv: list[str] | None = None) -> int:
+    warnings.showwarning = show_warning
     args = parse_args(argv)
     try:
         return run(args)
