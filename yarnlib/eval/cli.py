@@ -373,7 +373,8 @@ def run_ruler_cli(args) -> int:
     atomic.write_text(Path(args.output) / "ruler.md", table)
     print(table)
     if records:
-        draw(plot_ruler, records, means, threshold, Path(args.output) / "ruler.png", args.model)
+        png = Path(args.output) / "ruler.png"
+        draw(plot_ruler, records, means, threshold, effective, png, args.model)
     return 0
 
 

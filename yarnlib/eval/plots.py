@@ -137,9 +137,10 @@ def plot_passkey_lengths(rows: list[dict], path: Path, title: str = "") -> Path:
     return path
 
 
-def plot_ruler(records, averages, threshold, path: Path, title: str = "") -> Path:
+def plot_ruler(records, averages, threshold, effective, path: Path, title: str = "") -> Path:
     """RULER score per length, one panel per row: each task a thin line, the average over the
-    tasks thick with its Wilson 95 % interval, the threshold of the effective length dashed."""
+    tasks thick with its Wilson 95 % interval, the threshold dashed and the row's effective
+    length (``effective``: row → length or None) in its title."""
     plt = _pyplot()
     methods = list(dict.fromkeys(r["method"] for r in records))
     tasks = list(dict.fromkeys(r["task"] for r in records))
@@ -166,7 +167,10 @@ def plot_ruler(records, averages, threshold, path: Path, title: str = "") -> Pat
         ax.set_xticks(lengths, [_tokens(n) for n in lengths])
         ax.minorticks_off()
         ax.set_ylim(-0.03, 1.03)
-        ax.set_title(method, fontsize=9)
+        found = effective.get(method, "")
+        if method in effective:
+            found = f" (effective: {_tokens(found) if found else 'none'})"
+        ax.set_title(f"{method}{found}", fontsize=9)
         ax.set_xlabel("context length (tokens)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("RULER score")
