@@ -4,7 +4,10 @@ gathers with context parallelism, the MLP's share of vLLM's tensor-parallel rule
 head over a sequence shorter than a loss chunk."""
 
 import pytest
+import torch
 from test_plan import QWEN3_8B, QWEN25_7B
+from tiny_models import tiny_config
+from transformers import AutoModelForCausalLM
 
 from yarnlib.plan import memory, parallel, planner
 from yarnlib.plan.shapes import shape_from_config
@@ -31,7 +34,7 @@ def test_ring_attention_gathers_k_and_v_forward_and_backward(cp):
     setup = planner.Setup(shape, "finetune", context, 8, 1, 140 * GIB, cp=cp)
     tokens = context // cp
     layer = _qwen3_layer_bytes_per_token() * tokens
-    transient = (2 * 12288 * 2 + 2 * 4096 * 4) * tokens  # mul backward + residual grads
+    transient = (2 * 12288 * 2 + 2 * 4096 * 2) * tokens  # mul backward + bf16 residual grads
     # K and V of all 131072 tokens (8 kv heads × 128, bf16), gathered in the forward and again
     # with their grads in the backward
     gathered = 2 * 2 * context * 8 * 128 * 2
@@ -93,7 +96,7 @@ def test_sft_with_liger_counts_its_rmsnorm_and_swiglu(logits, liger):
     setup = planner.Setup(shape, "sft", tokens, 8, 1, 140 * GIB, backend="deepspeed", logits=logits)
     h, i = 4096, 12288
     layer = _qwen3_layer_bytes_per_token()
-    transient = (2 * i * 2 + 2 * h * 4) * tokens
+    transient = (2 * i * 2 + 2 * h * 2) * tokens
     if liger:  # per norm: no float32 copy (4h); MLP: no silu(gate) (2i); backward: one grad
         layer -= 2 * 4 * h + 2 * i
         transient -= i * 2 * tokens
@@ -115,3 +118,33 @@ def test_liger_is_the_trl_engines_chunked_loss_only():
     ]:
         setup = planner.Setup(shape, engine, 8192, 8, 1, 140 * GIB, logits=logits)
         assert setup.liger is liger, engine
+
+
+def _residual_grad_bytes(precision: str) -> int:
+    """Bytes per element of the grad a real transformers decoder layer passes back through the
+    residual stream, run as the precision runs it."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("llama"), attn_implementation="sdpa")
+    if precision == "bf16-fsdp":
+        model.to(torch.bfloat16)
+    widths = []
+    model.model.layers[0].register_full_backward_hook(
+        lambda module, grad_in, grad_out: widths.append(grad_out[0].element_size())
+    )
+    ids = torch.randint(0, model.config.vocab_size, (1, 32))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        logits = model(input_ids=ids).logits
+    logits.float().sum().backward()
+    return widths[0]
+
+
+@pytest.mark.parametrize("precision", ["bf16-fsdp", "bf16", "fp32"])
+def test_backward_transient_counts_residual_grads_in_the_streams_dtype(precision):
+    """The two residual-stream grads beside a layer's MLP backward are as wide as the stream:
+    bf16 where the layers run on bf16 weights (FSDP, DeepSpeed), float32 under autocast or in
+    float32 (the plan counted 4 bytes everywhere before)."""
+    width = _residual_grad_bytes(precision)
+    shape = shape_from_config(QWEN25_7B)
+    p = memory.PRECISIONS[precision]
+    acts = memory.activations(shape, 1000, p, checkpointing=True)
+    assert acts.backward == (2 * 18944 * p.compute + 2 * 3584 * width) * 1000

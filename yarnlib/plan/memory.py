@@ -150,9 +150,9 @@ def activations(
     saved = layers * per_layer + model_bytes_per_token(shape, p, liger) * tokens
     # mul backward of act(gate) * up: its two output grads beside the incoming one, while the
     # product down_proj kept is already freed (Liger: the incoming grad only, the two written
-    # over gate and up); plus the grads of the residual stream in and out
+    # over gate and up); plus the grads of the residual stream in and out, in its dtype
     mlp_grads = (1 if liger else 2) * shape.intermediate_size * p.compute
-    backward = (mlp_grads + 2 * shape.hidden_size * 4) * tokens
+    backward = (mlp_grads + 2 * shape.hidden_size * p.residual) * tokens
     if shape.num_experts:
         backward *= shape.num_experts_per_tok
     rows = min(chunk, tokens) if chunk else tokens
