@@ -167,6 +167,38 @@ def test_activation_offload_keeps_two_layers_on_the_gpu():
     assert model["enable_activation_offload"] is True
 
 
+def test_sft_activation_offload_is_trls_activation_offloading(tmp_path, capsys):
+    """TRL's SFTConfig(activation_offloading=True) moves what autograd keeps (with
+    checkpointing, each layer's input) to CPU memory while the next layers compute: planned as
+    verl's, two layers' inputs on the GPU; the field is read by TRL's own SFTConfig."""
+    pytest.importorskip("trl")
+    from trl import SFTConfig
+
+    argv = ["--engine", "sft", "--context", "65536", "--gpus", "4", "--gpu-memory", "80GiB"]
+    code, out = _plan(tmp_path, capsys, QWEN3_8B, *argv, "--activation-offload", "--json")
+    report = json.loads(out.out)
+    args = SFTConfig(
+        output_dir=str(tmp_path), use_cpu=True, **{**report["fragment"], "bf16": False}
+    )
+    assert args.activation_offloading is True
+    tokens, h = report["chosen"]["tokens_per_gpu"], 4096
+    code, out = _plan(
+        tmp_path,
+        capsys,
+        QWEN3_8B,
+        *argv,
+        "--sp",
+        str(report["chosen"]["sp"]),
+        "--offload",
+        report["chosen"]["offload"],
+        "--json",
+    )
+    kept = json.loads(out.out)["bytes_per_gpu"]["activations kept (all layers)"]
+    offloaded = report["bytes_per_gpu"]["activations kept (all layers)"]
+    assert kept - offloaded == (36 - 2) * h * 2 * tokens  # 34 of 36 bf16 layer inputs on CPU
+    assert "activation_offloading" not in json.loads(out.out)["fragment"]
+
+
 @pytest.mark.parametrize("engine", ["finetune", "trl", "easyr1"])
 def test_activation_offload_only_where_the_engine_has_it(tmp_path, capsys, engine):
     argv = ["--engine", engine, "--context", "8192", "--gpus", "8", "--gpu-memory", "80GiB"]

@@ -264,7 +264,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--activation-offload",
         action="store_true",
-        help="verl: checkpointed activations to CPU memory (enable_activation_offload)",
+        help="verl, sft: checkpointed activations to CPU (enable_activation_offload, "
+        "activation_offloading)",
     )
     p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     p.add_argument("--attn", choices=ATTENTION, default=None, help="default flash (sdpa with cp)")

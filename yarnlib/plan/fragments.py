@@ -216,6 +216,8 @@ def sft(plan: Plan) -> dict[str, Any]:
         "max_length": s.context,
         "pad_to_multiple_of": plan.sp,  # Ulysses splits every sequence into sp equal parts
     }
+    if s.activation_offload:  # TRL's saved-tensor hooks: checkpoints to pinned CPU memory
+        fields["activation_offloading"] = True
     if s.lora_rank:
         targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
         fields["peft_config"] = {"r": s.lora_rank, "target_modules": targets}

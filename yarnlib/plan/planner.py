@@ -70,7 +70,8 @@ class Setup:
     backend: str = "fsdp"  # fsdp | deepspeed (ZeRO-3; finetune, and sft always)
     micro_batch: int = 1  # sequences per micro-batch per GPU (before the sequence split)
     chunk: int = CHUNK  # loss chunk in tokens when the loss is chunked (yarnlib finetune)
-    activation_offload: bool = False  # verl's enable_activation_offload
+    activation_offload: bool = False  # verl's enable_activation_offload, TRL SFTConfig's
+    # activation_offloading
     lora_rank: int = 0  # finetune --lora --lora-rank (0: full fine-tuning)
 
     @property
@@ -274,10 +275,10 @@ def _check_engine_settings(s: Setup) -> None:
             "lora: planned under DeepSpeed ZeRO-3 (yarnlib finetune refuses --lora under "
             "FSDP); allowed: --lora with --engine sft, or --engine finetune --backend deepspeed"
         )
-    if s.activation_offload and s.engine != "verl":
+    if s.activation_offload and s.engine not in ("verl", "sft"):
         raise ValueError(
             f"activation_offload: {s.engine} has no offload of the checkpointed activations "
-            "the plan could set; allowed: --activation-offload with --engine verl"
+            "the plan could set; allowed: --activation-offload with --engine verl or sft"
         )
     if s.engine == "sft" and s.backend != "deepspeed":
         raise ValueError(
