@@ -159,6 +159,20 @@ ROWS = [
         f"{ALST_8} --context 160000 --sp 1",
     ),
     alst_row(
+        "run-h200-sp1-llama-8b-liger-offload.yml",
+        ALST_8B.format(650000, "1×H200", "optimizer and parameter")
+        + "FA3, Liger, checkpoints offloaded to CPU (ArcticTraining's own, planned as TRL's)",
+        126.81,
+        f"{ALST_1} --context 650000 --gpu-memory {H200} --logits chunked --activation-offload",
+    ),
+    alst_row(
+        "run-h100-sp8-llama-8b-yes-act-offload.yml",
+        ALST_8B.format(2400000, "8×H100 80GB", "optimizer")
+        + "FA2, Liger, Ulysses sp 8, checkpoints offloaded to CPU (planned as TRL's)",
+        None,
+        f"{ALST_8} --context 2400000 --sp 8 --activation-offload",
+    ),
+    alst_row(
         "run-h100-sp8-llama-8b-no-mlp-no-act-offload.yml",
         ALST_8B.format(1100000, "8×H100 80GB", "optimizer") + "FA2, Liger, Ulysses sp 8",
         None,
@@ -200,24 +214,11 @@ NOT_EXPRESSED = [
         "DDP (full weights on every GPU) with sp",
     ),
     (
-        ALST + "run-h200-sp1-llama-8b-liger-offload.yml",
-        "Llama-3.1-8B full SFT (ArcticTraining), 650000, 1×H200, ZeRO-3 + CPU optimizer and "
-        "parameter offload, Liger, activation checkpoints offloaded to CPU",
-        "126.81 GiB (NVML)",
-        "ArcticTraining's offload of the checkpoints to CPU (the plan has it for verl only)",
-    ),
-    (
         ALST + "run-h100-sp1-llama-8b.yml",
-        "Llama-3.1-8B full SFT (ArcticTraining), 500000, 1×H100, the same with tiled MLP",
+        "Llama-3.1-8B full SFT (ArcticTraining), 500000, 1×H100, ZeRO-3 + CPU optimizer and "
+        "parameter offload, Liger, checkpoints offloaded to CPU, tiled MLP",
         "ran",
-        "tiled MLP, checkpoint offload to CPU",
-    ),
-    (
-        ALST + "run-h100-sp8-llama-8b-yes-act-offload.yml",
-        "Llama-3.1-8B full SFT (ArcticTraining), 2400000, 8×H100, Ulysses sp 8, Liger, "
-        "checkpoint offload to CPU",
-        "ran",
-        "checkpoint offload to CPU",
+        "tiled MLP",
     ),
     (
         "https://unsloth.ai/blog/llama3-3",
