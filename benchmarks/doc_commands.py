@@ -284,6 +284,9 @@ MODELS = {
     "tiny-llama": ("llama", 256),  # docs/vllm.md's own tiny model: lengths as written
 }
 TINY_CONTEXT = 256
+# the shortest length a task's prompt fits in, with the stand-ins' byte-level tokenizer:
+# ruler refuses < 256; a passkey prompt with 3 distractors takes 356 tokens
+SHORTEST = {("eval", "ruler"): 256, ("eval", "passkey"): 512}
 # Qwen3-8B's config says 40960 over its original 32768; the by-hand folder of docs/config.md
 # has YaRN ×4 written in but max_position_embeddings left at 40960
 CONTEXT_OVER_ORIGINAL = {"Qwen3-8B": 1.25, "models/Qwen3-8B": 1.25, "Qwen3-8B-by-hand": 1.25}
@@ -293,8 +296,11 @@ LENGTH_FLAGS = {
     "--response", "--max-model-len", "--original-max-position-embeddings", "--proxy-length",
 }  # fmt: skip
 # work flags kept small: a smoke run, not the measurement
-CAPS = {"--steps": 2, "--trials": 2, "--samples": 1, "--budget": 4, "--grad-accum": 2,
+CAPS = {"--steps": 2, "--trials": 3, "--samples": 1, "--budget": 4, "--grad-accum": 2,
         "--confirm": 1, "--batch-size": 1}  # fmt: skip
+# the same where the doc leaves the work at its default (perplexity: 4 documents, passkey: 30)
+ADDED_CAPS = {"perplexity": ["--samples", "1"], "ruler": ["--samples", "1"],
+              "passkey": ["--trials", "3"], "tune": ["--samples", "1"]}  # fmt: skip
 DATA_FLAGS = {"--dataset", "--held-out", "--haystack"}
 KEYWORD_DATA = {"classic", "plays"}  # --haystack names, not paths
 TEXT_PLAYS = ("tempest.txt", "henry_v.txt")
@@ -353,7 +359,9 @@ class Stage:
         if not folder.exists():
             folder.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(tiny_model_folder(self.cache, name), folder)
-        return name if token.startswith("~") else token, MODELS[name][1]
+        # `smollm2` names the packaged model even beside a folder of that name: ./ is the folder
+        given = f"./{name}" if token.startswith("~") or name == "smollm2" else token
+        return given, MODELS[name][1]
 
     def data(self, token: str) -> str:
         if token in KEYWORD_DATA or (self.work / token).exists():
@@ -368,9 +376,13 @@ class Stage:
 
 
 def scale_number(value: str, scale: float) -> str:
+    """A length off a round one stays off it, on the same side: 16400 (16384 + 16) → 513 when
+    16384 → 512, 32767 → 1023 when 32768 → 1024, so < and > between lengths hold."""
     if not value.isdigit():
         return value
-    return str(max(1, math.ceil(int(value) * scale)))
+    exact = int(value) * scale
+    near = round(exact)
+    return str(max(1, near + (exact > near) - (exact < near)))
 
 
 def scale_list(value: str, scale: float) -> str:
@@ -415,6 +427,13 @@ def substitute(command: Command, stage: Stage) -> list[str]:
             name, original = stage.model(token.removeprefix("pretrained=").split(",")[0])
             argv[i] = re.sub(r"pretrained=[^,]*", f"pretrained={name}", token)
     scale = TINY_CONTEXT / original if original else 1.0
+    floor = SHORTEST.get(tuple(argv[:2]))
+    if floor and "--lengths" in argv:  # a prompt's template must fit: the shortest length gets it
+        shortest = min(int(n) for n in argv[argv.index("--lengths") + 1].split(","))
+        scale = max(scale, floor / shortest)
+    added = next((ADDED_CAPS[w] for w in argv[:2] if w in ADDED_CAPS), [])
+    if added and added[0] not in argv:
+        argv += added
     flag = None
     for i, token in enumerate(argv):
         if token.startswith("-"):
@@ -464,7 +483,9 @@ def output_labels(lines: list[str]) -> list[str]:
     numbers and names change on a tiny model, the labels must not."""
     labels = []
     for line in lines:
-        first = line.split()[0].strip("+-\"'") if line.split() else ""
+        first = line.split()[0].strip("+-") if line.split() else ""
+        if first.startswith(('"', "'")):  # a JSON key: the tiny config has other neighbours
+            continue
         match = re.match(r"[A-Za-z][A-Za-z_-]{2,}:?", first)
         if match and match.group(0) not in labels:
             labels.append(match.group(0))
@@ -477,6 +498,27 @@ def written_paths(argv: list[str]) -> list[str]:
         if flag in argv[:-1] and not argv[argv.index(flag) + 1].startswith("-"):
             paths.append(argv[argv.index(flag) + 1])
     return paths
+
+
+def files_state(work: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``work`` (not through the repository links): size and mtime."""
+    return {
+        str(f.relative_to(work)): (f.stat().st_size, f.stat().st_mtime_ns)
+        for f in work.rglob("*")
+        if f.is_file() and not f.is_symlink() and f.parts[len(work.parts)] not in LINKED
+    }
+
+
+def claims(argv: list[str], before: dict, work: Path) -> list[str]:
+    """What the docs promise of config's modes: --dry-run writes nothing, --in-place keeps
+    a .bak of config.json."""
+    problems = []
+    if "--dry-run" in argv and files_state(work) != before:
+        problems.append("--dry-run changed files")
+    if argv[:1] == ["config"] and "--in-place" in argv and "--reset" not in argv:
+        if not (work / argv[1] / "config.json.bak").exists():
+            problems.append("--in-place kept no config.json.bak")
+    return problems
 
 
 def check(command: Command, argv: list[str], code: int, printed: str, work: Path) -> list[str]:
@@ -506,6 +548,8 @@ class Result:
     tail: str = ""
 
 
+LINKED = ("yarnlib", "examples")  # repository folders the docs' paths name
+
 RUN_ENV = {
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
     "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -518,9 +562,15 @@ def run_one(command: Command, stage: Stage, timeout: float) -> Result:
     if reason:
         return Result(command.where, command.text, "", "skip", note=reason)
     argv = substitute(command, stage)
+    spec = argv[argv.index("--spec") + 1] if "--spec" in argv[:-1] else None
+    if spec and not (stage.work / spec).exists():
+        note = f"--spec {spec}: a placeholder no earlier command of the page writes"
+        return Result(command.where, command.text, shlex.join(argv), "skip", note=note)
     start, note = launcher_here(command)
     env = {**os.environ, **RUN_ENV, **command.env}
-    ran = shlex.join([*(f"{k}={v}" for k, v in command.env.items()), *start, *argv])
+    shown = ["yarnlib"] if start[0].endswith("yarnlib") else ["python", *start[1:]]
+    ran = shlex.join([*(f"{k}={v}" for k, v in command.env.items()), *shown, *argv])
+    before = files_state(stage.work) if "--dry-run" in argv else {}
     began = time.monotonic()
     try:
         done = subprocess.run(
@@ -532,6 +582,7 @@ def run_one(command: Command, stage: Stage, timeout: float) -> Result:
         code, printed = -1, f"timed out after {timeout:.0f} s\n{stop.stdout or ''}"
     seconds = round(time.monotonic() - began, 1)
     problems = check(command, argv, code, printed, stage.work)
+    problems += claims(argv, before, stage.work) if code == 0 else []
     status = "fail" if problems else "ok"
     tail = "\n".join(printed.strip().splitlines()[-8:]) if problems else ""
     return Result(command.where, command.text, ran, status, code, seconds, problems, note, tail)
@@ -540,11 +591,11 @@ def run_one(command: Command, stage: Stage, timeout: float) -> Result:
 def prepare(work: Path) -> None:
     """The repository paths the docs name (plays, accelerate configs) resolve inside ``work``."""
     work.mkdir(parents=True)
-    for name in ("yarnlib", "examples"):
+    for name in LINKED:
         (work / name).symlink_to(REPO / name)
 
 
-def run_all(commands: list[Command], timeout: float, root: Path) -> list[Result]:
+def run_all(commands: list[Command], timeout: float, root: Path, keep: bool) -> list[Result]:
     results, stages = [], {}
     cache = root / "models"
     cache.mkdir(parents=True, exist_ok=True)
@@ -555,9 +606,10 @@ def run_all(commands: list[Command], timeout: float, root: Path) -> list[Result]
             prepare(stages[doc].work)
         result = run_one(command, stages[doc], timeout)
         results.append(result)
+        write_results(merged(results) if keep else results)  # a stopped run leaves its part
         shown = " ".join(result.problems) or result.note
-        print(f"[{n}/{len(commands)}] {result.where} {result.status} exit={result.exit} "
-              f"{result.seconds}s {shown}", flush=True)  # fmt: skip
+        ran = f"exit={result.exit} {result.seconds}s " if result.status != "skip" else ""
+        print(f"[{n}/{len(commands)}] {result.where} {result.status} {ran}{shown}", flush=True)
     return results
 
 
@@ -576,10 +628,19 @@ def markdown(results: list[Result]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in results:
-        ran = (r.ran or r.doc).replace(sys.executable, "python").replace("|", "\\|")
+        ran = (r.ran or r.doc).replace("|", "\\|")
         why = "; ".join(r.problems + ([r.note] if r.note else [])).replace("|", "\\|")
         lines.append(f"| {r.where} | {r.status} | {r.exit} | {r.seconds} | `{ran}` | {why} |")
     return "\n".join(lines) + "\n"
+
+
+def merged(results: list[Result]) -> list[Result]:
+    """The earlier full run's results with these (an ``--only`` rerun) in their place."""
+    saved = RESULTS / "results.json"
+    earlier = [Result(**r) for r in json.loads(saved.read_text())] if saved.exists() else []
+    fresh = {r.where: r for r in results}
+    kept = [fresh.pop(r.where, r) for r in earlier]
+    return kept + list(fresh.values())
 
 
 def write_results(results: list[Result]) -> None:
@@ -603,7 +664,12 @@ def main() -> int:
     mode.add_argument("--parse", action="store_true", help="check each against the parser")
     mode.add_argument("--run", action="store_true", help="run each on tiny models")
     mode.add_argument("--list", action="store_true", help="print the commands found")
-    parser.add_argument("--only", default="", help="only commands whose file:line contains this")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="only commands whose file:line contains this; their results "
+        "replace theirs in the saved ones",
+    )
     parser.add_argument("--timeout", type=float, default=300, help="seconds per command")
     args = parser.parse_args()
     commands = [c for c in all_commands() if args.only in c.where]
@@ -614,8 +680,7 @@ def main() -> int:
     if args.parse:
         return report_parse(commands)
     with tempfile.TemporaryDirectory(prefix="doc_commands_") as root:
-        results = run_all(commands, args.timeout, Path(root))
-    write_results(results)
+        results = run_all(commands, args.timeout, Path(root), keep=bool(args.only))
     return 1 if any(r.status == "fail" for r in results) else 0
 
 
