@@ -565,7 +565,7 @@ def run_one(command: Command, stage: Stage, timeout: float) -> Result:
     spec = argv[argv.index("--spec") + 1] if "--spec" in argv[:-1] else None
     if spec and not (stage.work / spec).exists():
         note = f"--spec {spec}: a placeholder no earlier command of the page writes"
-        return Result(command.where, command.text, shlex.join(argv), "skip", note=note)
+        return Result(command.where, command.text, "", "skip", note=note)
     start, note = launcher_here(command)
     env = {**os.environ, **RUN_ENV, **command.env}
     shown = ["yarnlib"] if start[0].endswith("yarnlib") else ["python", *start[1:]]
@@ -629,8 +629,10 @@ def markdown(results: list[Result]) -> str:
     ]
     for r in results:
         ran = (r.ran or r.doc).replace("|", "\\|")
-        why = "; ".join(r.problems + ([r.note] if r.note else [])).replace("|", "\\|")
-        lines.append(f"| {r.where} | {r.status} | {r.exit} | {r.seconds} | `{ran}` | {why} |")
+        said = r.tail.splitlines()[-1:] if r.status == "fail" else []  # its error line
+        why = "; ".join(r.problems + said + ([r.note] if r.note else [])).replace("|", "\\|")
+        exit_, seconds = ("", "") if r.status == "skip" else (r.exit, r.seconds)
+        lines.append(f"| {r.where} | {r.status} | {exit_} | {seconds} | `{ran}` | {why} |")
     return "\n".join(lines) + "\n"
 
 
