@@ -511,13 +511,17 @@ def files_state(work: Path) -> dict[str, tuple[int, int]]:
 
 def claims(argv: list[str], before: dict, work: Path) -> list[str]:
     """What the docs promise of config's modes: --dry-run writes nothing, --in-place keeps
-    a .bak of config.json."""
+    a .bak of config.json, --output symlinks the weights."""
     problems = []
     if "--dry-run" in argv and files_state(work) != before:
         problems.append("--dry-run changed files")
     if argv[:1] == ["config"] and "--in-place" in argv and "--reset" not in argv:
         if not (work / argv[1] / "config.json.bak").exists():
             problems.append("--in-place kept no config.json.bak")
+    if argv[:1] == ["config"] and "--output" in argv and "--weights" not in argv:
+        weights = list((work / argv[argv.index("--output") + 1]).glob("*.safetensors"))
+        if not weights or not all(w.is_symlink() for w in weights):
+            problems.append("--output: weights not symlinked")
     return problems
 
 
