@@ -150,6 +150,8 @@ def test_smollm2_names_its_cached_folder_which_config_never_rewrites_in_place(
     cached = tmp_path / "smollm2-135m-instruct"  # where the GGUF's conversion is kept
     shutil.copytree(folder, cached)
     before = (cached / "config.json").read_bytes()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smollm2").mkdir()  # a folder of that name here: the name still means the model
     assert main(["config", "smollm2"]) == 0
     assert capsys.readouterr().out.startswith(f"{cached}: llama")
     assert main(["config", "smollm2", "--factor", "4", "--in-place"]) == 2

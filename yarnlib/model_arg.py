@@ -61,10 +61,10 @@ def model_folder(name: str | Path) -> Path:
     """The folder of ``name`` on this machine: the folder itself, the cached conversion of the
     packaged SmolLM2, or a hub id's snapshot in the local cache (never the network)."""
     path = Path(name)
+    if str(name) == SMOLLM2:  # as eval, tune and finetune read it; a folder so named: ./smollm2
+        return smollm2_dir()
     if path.is_dir():
         return path
-    if str(name) == SMOLLM2:
-        return smollm2_dir()
     if path.exists() or str(name).count("/") != 1:
         raise ValueError(f"model: {str(name)!r} is not a folder; allowed: {MODEL_HELP}")
     from huggingface_hub import snapshot_download
