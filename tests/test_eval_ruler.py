@@ -2,7 +2,6 @@
 
 import json
 import random
-import shutil
 
 import numpy as np
 import pytest
@@ -206,12 +205,8 @@ def test_cli_end_to_end_resume_and_report(model_dir, haystack_dir, tmp_path, cap
 def test_a_spec_row_equals_the_scaling_in_config_json(model_dir, tmp_path):
     native = check_methods(load_config(str(model_dir)), parse_methods("none"))
     spec = write_spec_file(tmp_path / "yarn2.json", native.replace(method="yarn", factor=2.0))
-    scaled = shutil.copytree(model_dir, tmp_path / "scaled")
-    config = json.loads((scaled / "config.json").read_text())
-    config["rope_parameters"] = {"rope_type": "yarn", "factor": 2.0, "rope_theta": 50000.0,
-                                 "original_max_position_embeddings": 256}  # fmt: skip
-    config["max_position_embeddings"] = 512
-    (scaled / "config.json").write_text(json.dumps(config))
+    scaled = tmp_path / "scaled"  # config.json in the form the installed transformers reads
+    assert main(["config", str(model_dir), "--spec", str(spec), "--output", str(scaled)]) == 0
     assert ruler_cli(model_dir, tmp_path / "a", "--spec", str(spec), methods="") == 0
     assert ruler_cli(scaled, tmp_path / "b", methods="none") == 0
     [by_spec], [by_config] = cells(tmp_path / "a"), cells(tmp_path / "b")
