@@ -148,3 +148,79 @@ def test_backward_transient_counts_residual_grads_in_the_streams_dtype(precision
     p = memory.PRECISIONS[precision]
     acts = memory.activations(shape, 1000, p, checkpointing=True)
     assert acts.backward == (2 * 18944 * p.compute + 2 * 3584 * width) * 1000
+
+
+def _reserved_over_allocated(loss_of) -> int:
+    """What PyTorch's CUDA caching allocator would reserve beyond its allocated peak in one
+    training step of a tiny Llama in bf16 with checkpointing (a large vocabulary, so that the
+    loss head's tensors are the step's largest), the step's allocations recorded on CPU and
+    replayed through a model of the allocator's rules (tests/caching_allocator.py)."""
+    from caching_allocator import replay, trace
+
+    torch.manual_seed(0)
+    config = tiny_config(vocab_size=32768, max_position_embeddings=2048)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.gradient_checkpointing_enable({"use_reentrant": False})
+    model.train()
+    ids = torch.randint(0, 32768, (1, 1024))
+
+    def step():
+        loss_of(model, ids).backward()  # the model's output is gone before backward
+
+    allocator = replay(trace(step))
+    return allocator.peak_reserved - allocator.peak_allocated
+
+
+def test_full_logits_leave_their_forward_block_cached():
+    """The term `yarnlib plan` adds to a full-logits step's reserved total: the forward's bf16
+    logits, freed before backward and too small for the backward's float32 grads, stay cached.
+    The chunked loss leaves what its chunks fragment, a few chunks' worth, not the sequence's
+    (for the plan's 1024-row chunk under 1 GiB up to a 160k vocabulary: within its reserve)."""
+    from yarnlib.chunked_loss import causal_lm_loss
+
+    shape = shape_from_config(tiny_config(vocab_size=32768).to_dict())
+    cached = memory.cached_logits_bytes(shape, 1024, memory.PRECISIONS["bf16-fsdp"])
+    assert cached == 2 * 1024 * 32768  # 64 MiB
+    full = _reserved_over_allocated(lambda model, ids: model(ids, labels=ids).loss)
+    # plus the layers' own fragmentation: 3 MiB on transformers 5, 24 MiB on 4.57 (whose SDPA
+    # gets a materialised mask per layer)
+    assert cached <= full <= 1.5 * cached
+    chunked = _reserved_over_allocated(
+        lambda model, ids: causal_lm_loss(model, ids, chunk_size=256)[0]
+    )
+    assert chunked <= 4 * memory.cached_logits_bytes(shape, 256, memory.PRECISIONS["bf16-fsdp"])
+    assert chunked < full
+
+
+@pytest.mark.parametrize("engine", ["sft", "finetune"])
+def test_the_plan_adds_the_cached_logits_to_the_reserved_total_only(engine):
+    shape = shape_from_config(QWEN25_7B)
+    setup = planner.Setup(shape, engine, 16384, 4, 1, 80 * GIB, logits="full")
+    full = planner.evaluate(setup, 1, 1, 1, "none")
+    cached = 2 * 16384 * 152064  # bf16 logits of 16384 rows
+    assert full.lines[planner.CACHED_LOGITS] == cached
+    states = sum(v for k, v in full.lines.items() if k in planner.RESIDENT + planner.WORKING)
+    kept = full.lines["activations kept (all layers)"]
+    allocated = states + kept + max(full.lines[HEAD], full.lines[LAYER])
+    assert full.phases["update"] == allocated + setup.reserve
+    reserved = states + kept + max(full.lines[HEAD] + cached, full.lines[LAYER])
+    assert full.reserved["update"] == reserved + setup.reserve > full.phases["update"]
+    chunked = planner.evaluate(planner.replace(setup, logits="chunked"), 1, 1, 1, "none")
+    assert planner.CACHED_LOGITS not in chunked.lines and not chunked.reserved
+    # the GRPO engines' log-prob passes are not transformers' loss: not counted there
+    verl = planner.evaluate(planner.replace(setup, engine="verl"), 1, 1, 1, "none")
+    assert planner.CACHED_LOGITS not in verl.lines and not verl.reserved
+
+
+def test_the_cached_logits_do_not_decide_the_verdict():
+    """The allocator frees its cached blocks and retries before it reports out of memory: a run
+    whose live tensors fit fits, though nvidia-smi would show more than the GPU."""
+    setup = planner.Setup(shape_from_config(QWEN25_7B), "sft", 16384, 4, 1, 80 * GIB,
+                          logits="full", offload="none", sp=1)  # fmt: skip
+    plan = planner.evaluate(setup, 1, 1, 1, "none")
+    between = planner.replace(
+        setup, gpu_bytes=(plan.phases["update"] + plan.reserved["update"]) // 2
+    )
+    squeezed = planner.evaluate(between, 1, 1, 1, "none")
+    assert squeezed.phases["update"] < between.gpu_bytes < squeezed.reserved["update"]
+    assert squeezed.fits

@@ -153,6 +153,7 @@ def report(setup: planner.Setup) -> dict:
         },
         "bytes_per_gpu": plan.lines,
         "phases": plan.phases,
+        "reserved_phases": {**plan.phases, **plan.reserved},
         "fits": plan.fits,
         "problems": plan.problems,
     }
@@ -199,6 +200,10 @@ def format_report(r: dict) -> str:
     lines += [
         f"  {k:<42}{v / GIB:>8.2f} of {run['gpu_bytes'] / GIB:.1f}" for k, v in r["phases"].items()
     ]
+    for k, v in r["reserved_phases"].items():
+        if v != r["phases"][k]:
+            lines.append(f"  {k + ', as nvidia-smi shows it':<42}{v / GIB:>8.2f} (the allocator "
+                         "frees its cache before it fails: not in the verdict)")  # fmt: skip
     if "rollout" in r:
         ro = r["rollout"]
         lines.append(

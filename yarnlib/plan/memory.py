@@ -170,6 +170,17 @@ def logits_bytes(shape: ModelShape, rows: int, p: Precision) -> int:
     return 12 * rows * shape.vocab_size
 
 
+def cached_logits_bytes(shape: ModelShape, rows: int, p: Precision) -> int:
+    """What CUDA's caching allocator reserves beyond the live tensors at the loss backward when
+    the loss runs over all ``rows`` in one piece (transformers' loss, torchtitan's): the
+    forward's logits in the compute dtype are freed before backward (the model's output is
+    dropped), but their block is smaller than each float32 tensor the backward then asks for,
+    and a request is served from one free block at least its size (blocks of separate segments
+    never merge), so it stays cached beside a newly reserved one. ``max_memory_reserved()``
+    and nvidia-smi count it; ``max_memory_allocated()`` does not."""
+    return p.compute * rows * shape.vocab_size
+
+
 def activation_peak(acts: Activations) -> int:
     """The saved activations plus the larger of the head's and a layer's backward transient."""
     return acts.saved + max(acts.head, acts.recompute + acts.backward)

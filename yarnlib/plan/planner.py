@@ -40,6 +40,8 @@ RESIDENT = (
     "ZeRO-3 bf16 weights (sharded)",
     "ZeRO-3 fp32 master, grads, AdamW (sharded)",
 )
+# reserved, not allocated: the freed logits block the loss backward cannot reuse
+CACHED_LOGITS = "allocator cache (freed logits; reserved)"
 # gathered for the layer at work, freed after it
 WORKING = ("FSDP working copies (bf16)", "ZeRO-3 gathered module (bf16 weights, grads)")
 
@@ -114,6 +116,9 @@ class Plan:
     tokens_per_gpu: int  # local tokens of one micro-batch (one sequence split by sp / cp)
     lines: dict[str, int] = field(default_factory=dict)  # component → bytes per GPU
     phases: dict[str, int] = field(default_factory=dict)  # phase → bytes per GPU
+    # phase → what max_memory_reserved() and nvidia-smi show, where the allocator's cache adds
+    # to a total; not a verdict: the allocator frees cached blocks and retries before it fails
+    reserved: dict[str, int] = field(default_factory=dict)
     kv: rollout.KVCache | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -200,6 +205,12 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
     working = sum(v for k, v in lines.items() if k in WORKING)
     update = resident + working + memory.activation_peak(acts)
     plan.phases["update"] = update + s.reserve
+    if s.engine in TRAINING and s.logits_mode == "full":
+        cached = memory.cached_logits_bytes(s.shape, rows, p)
+        lines[CACHED_LOGITS] = cached
+        # beside the loss head's peak only: the layers' backward reuses the cached block
+        peak = memory.activation_peak(replace(acts, head=acts.head + cached))
+        plan.reserved["update"] = resident + working + peak + s.reserve
     if s.engine in TRAINING:
         _check(plan)
         return plan
