@@ -230,3 +230,35 @@ def test_bad_input_exits_2_with_one_line(model_dir, tmp_path, capsys, extra, mes
     assert ruler_cli(model_dir, tmp_path / "bad", *extra) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "bad" / "cells.jsonl").exists()
+
+
+def test_answers_stop_once_their_score_is_settled(model_dir):
+    """RulerLM ends a greedy answer when it holds every expected string: the score is the full
+    answer's, the answer a prefix of it; an answer that never finds them runs to the limit."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks.ruler.common_utils import process_results
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from yarnlib.eval.ruler_lm import RulerLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    settings = {"until": [], "max_gen_toks": 40, "do_sample": False, "temperature": 0.0}
+    prompt = corpus_text(30, seed=3)
+
+    def answer(lm_class, expected):
+        request = Instance("generate_until", {"outputs": expected}, (prompt, dict(settings)), 0)
+        lm = lm_class(pretrained=model, tokenizer=tokenizer, batch_size=1, max_length=256)
+        return lm.generate_until([request], disable_tqdm=True)[0]
+
+    def score(text, expected):
+        return process_results({"max_length": 4096, "outputs": expected}, [text])["4096"]
+
+    full = answer(HFLM, [])
+    words = full.split()
+    expected = [words[len(words) // 3], words[len(words) // 4].upper()]  # case-insensitive
+    stopped = answer(RulerLM, expected)
+    assert len(stopped) < len(full) and full.startswith(stopped)
+    assert score(stopped, expected) == score(full, expected) == 1.0
+    assert answer(RulerLM, ["not in any answer"]) == full

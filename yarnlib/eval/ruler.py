@@ -284,10 +284,10 @@ def score_fields(scores: list[float]) -> dict:
 
 def make_lm(model, tokenizer, max_length: int):
     """lm-eval's ``hf`` model around an already loaded (and patched in place) model: one set of
-    weights serves every row."""
-    from lm_eval.models.huggingface import HFLM
+    weights serves every row; each answer ends once its score is settled (ruler_lm.py)."""
+    from yarnlib.eval.ruler_lm import RulerLM
 
-    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=1, max_length=max_length)
+    return RulerLM(pretrained=model, tokenizer=tokenizer, batch_size=1, max_length=max_length)
 
 
 def run_ruler(lm, rows, tasks, lengths, samples, store, build, max_cells=None) -> list[dict]:
