@@ -19,11 +19,19 @@ The run, in the order its results matter (each task resumes from what is already
    filler, each its own offset, depth and key; the same seed, so the same prompts for every
    model: paired), Wilson 95 % intervals, 10 prompts per invocation, the rows taking turns;
 6. ``grpo``: one GRPO step at 128k (benchmarks/gpu_128k_grpo.py, its own process);
-7. passkey at 65536 and 32768 for untrained ``yarn:16`` and PoSE ×16.
+7. ``ruler`` (issue 51): ``yarnlib eval ruler`` with RULER's ``niah_single_1`` (exactly RULER)
+   and ``niah_single_2`` (the essays replaced by the packaged plays): the native model at 8192
+   (the threshold of the effective length), untrained ``yarn:16`` and PoSE ×16 at 65536 and
+   131072, PoSE ×8 at 65536; one cell (task, length) per invocation, so a call stops between
+   cells;
+8. passkey at 65536 and 32768 for untrained ``yarn:16`` and PoSE ×16;
+9. ``ruler-more``: RULER's other offline tasks in the same cells.
 
 Device route (benchmarks/gpu_128k.sh, docs: benchmarks/README.md "128k on a GPU"): ``split``
-here packs the model's GGUF, the gguf wheel and the wheels TRL's GRPO needs into parts that
-fit one carry each; ``stash`` on the device keeps each part in /tmp; ``run`` assembles them,
+here packs the model's GGUF and the wheels the machine lacks (gguf; lm-eval, nltk and
+wonderwords for RULER; TRL for GRPO; datasets for both) into parts that fit one carry each,
+after checking that RULER's imports need nothing else (``imports-check``); ``stash`` on the
+device keeps each part in /tmp; ``run`` assembles them,
 seeds the state folder (/tmp on the warm machine) from the committed results, works until its
 budget is spent and packs the results into $OUT after every task (a call cut by its limit
 keeps what it measured: results.tgz and one archive per adapter, under 16 MiB each);
@@ -38,6 +46,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,11 +64,15 @@ PARTS_DIR = ROOT / ".gpu_128k"  # here: the parts to carry (ignored by git)
 CARRY_LIMIT_MIB = 64  # the device tool's limit per call, working tree included
 CARRY_MARGIN_MIB = 3  # files another helper adds between split and carry
 GGUF_WHEEL = "gguf==0.19.0"
-# TRL's GRPOTrainer imports datasets, which the GPU machine lacks: the wheels for its Python
-GRPO_WHEELS = (
-    "trl==1.16.0", "datasets==5.2.0", "pyarrow==26.0.1", "pandas==3.1.1", "dill==0.4.1",
-    "multiprocess==0.70.19", "xxhash==4.1.0", "fsspec==2026.9.0",
-)  # fmt: skip
+# What the GPU machine's Python lacks (its image: GPU_IMAGE), as wheels for its Python, in the
+# versions of this tree's venv. TRL's GRPOTrainer and lm-eval's tasks import datasets; its
+# pyarrow, pandas, xxhash and fsspec are in the image (and never replaced: a carried pandas
+# would not match the image's numpy), dill and multiprocess are not.
+DATASETS_WHEELS = ("datasets==5.2.0", "dill==0.4.1", "multiprocess==0.70.19")
+GRPO_WHEELS = ("trl==1.16.0", *DATASETS_WHEELS)
+# what RULER's step imports beside the image (`imports-check` proves it enough and each needed)
+RULER_WHEELS = ("lm_eval==0.4.13", "nltk==3.10.4", "wonderwords==3.0.1", *DATASETS_WHEELS)
+GPU_IMAGE = HERE / "gpu_image_packages.txt"
 DEVICE_PYTHON = "3.12"  # the GPU machine's (benchmarks/results/gpu/summary.json)
 HELD_OUT = ("coriolanus", "winters_tale", "romeo_and_juliet")  # as issue 28's runs
 
@@ -86,6 +99,26 @@ REAL = {
     "grpo_completion_tokens": 32,
     "grpo_prefill_chunk": 8192,
     "min_left_s": 20,  # no task starts with less time left
+    # RULER: (row, length) cells in the order they run, each with every task of the step
+    "ruler_cells": (
+        ("native", 8192),
+        ("yarn16", 65536),
+        ("x16", 65536),
+        ("yarn16", 131072),
+        ("x16", 131072),
+        ("x8", 65536),
+    ),  # fmt: skip
+    "ruler_tasks": ("niah_single_1", "niah_single_2"),
+    "ruler_more_tasks": (
+        "niah_multikey_2",
+        "niah_multikey_3",
+        "niah_multivalue",
+        "niah_multiquery",
+        "ruler_cwe",
+        "ruler_vt",
+    ),  # fmt: skip
+    "ruler_samples": 10,
+    "ruler_min_left_s": 75,  # no RULER cell starts with less (a 128k cell: ~40-65 s)
 }
 SCALE = 32  # the dry run: every length / 32, a tiny random Llama (L = 256) on CPU
 DRY = {
@@ -105,6 +138,11 @@ DRY = {
     "grpo_completion_tokens": 8,
     "grpo_prefill_chunk": 256,
     "min_left_s": 0,
+    # the native cell at 512: RULER's template and 128 generated tokens leave no room in 256
+    "ruler_cells": (("native", 512), *((r, n // SCALE) for r, n in REAL["ruler_cells"][1:])),
+    "ruler_more_tasks": ("niah_multikey_2",),  # ruler_vt loops on the tiny tokenizer
+    "ruler_samples": 1,
+    "ruler_min_left_s": 0,
 }
 
 
@@ -157,17 +195,18 @@ def tree_mib() -> float:
                (ROOT / os.fsdecode(p)).is_file()) / 2**20  # fmt: skip
 
 
-def download_wheels(folder: Path, grpo: bool) -> list[Path]:
-    """gguf (pure Python) and, for the GRPO step, TRL and what it needs for the device's Python."""
+def carried_wheels(grpo: bool) -> list[str]:
+    """The pins ``split`` carries: gguf, RULER's and (unless the GRPO step is done) TRL's."""
+    return list(dict.fromkeys([GGUF_WHEEL, *RULER_WHEELS, *(GRPO_WHEELS if grpo else ())]))
+
+
+def download_wheels(folder: Path, names: list[str]) -> list[Path]:
+    """The wheels of ``names`` (pins) for the device's Python."""
     folder.mkdir(parents=True, exist_ok=True)
-    pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(folder)]
-    subprocess.run([*pip, GGUF_WHEEL], check=True)
-    if grpo:
-        platform = ["--only-binary=:all:", "--python-version", DEVICE_PYTHON,
-                    "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
-                    "--platform", "manylinux2014_x86_64"]  # fmt: skip
-        subprocess.run([*pip, *platform, *GRPO_WHEELS], check=True)
-    names = [GGUF_WHEEL, *(GRPO_WHEELS if grpo else ())]
+    pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(folder),
+           "--only-binary=:all:", "--python-version", DEVICE_PYTHON, "--implementation", "cp",
+           "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64"]  # fmt: skip
+    subprocess.run([*pip, *names], check=True)
     stems = {n.split("==")[0].replace("-", "_") + "-" + n.split("==")[1] for n in names}
     return sorted(w for w in folder.glob("*.whl") if "-".join(w.name.split("-")[:2]) in stems)
 
@@ -181,7 +220,11 @@ def split(grpo: bool, part_mib: int | None) -> list[Path]:
         part_mib = int(CARRY_LIMIT_MIB - math.ceil(tree_mib()) - CARRY_MARGIN_MIB)
     if part_mib < 8:
         raise SystemExit(f"split: the working tree leaves {part_mib} MiB a carry; at least 8")
-    wheels = download_wheels(ROOT / "benchmarks" / "wheels" / "gpu_128k", grpo)
+    names = carried_wheels(grpo)
+    check = [sys.executable, str(Path(__file__).resolve()), "imports-check"]
+    if subprocess.run(check + ([] if grpo else ["--no-grpo-wheels"])).returncode:
+        raise SystemExit("split: RULER's imports need more than the image and these wheels")
+    wheels = download_wheels(ROOT / "benchmarks" / "wheels" / "gpu_128k", names)
     where = ["git", "rev-parse", "--git-path", "info/exclude"]
     exclude = ROOT / subprocess.run(where, cwd=ROOT, capture_output=True, text=True).stdout.strip()
     exclude.parent.mkdir(parents=True, exist_ok=True)
@@ -219,6 +262,105 @@ def cut(files: dict[str, Path], part_mib: float, folder: Path) -> list[Path]:
         write_json(part / "manifest.json", {**manifest, "index": i})
         folders.append(part)
     return folders
+
+
+# ---- what the GPU machine can import (checked here) ---------------------------------------
+
+
+def dist_name(name: str) -> str:
+    """A distribution's name as pip compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def image_packages() -> set[str]:
+    lines = GPU_IMAGE.read_text().splitlines()
+    return {dist_name(line) for line in lines if line.strip() and not line.startswith("#")}
+
+
+def with_requirements(names: set[str]) -> set[str]:
+    """``names`` and, recursively, what their versions installed here require. The image is
+    pip-consistent, so what its packages require is there (in the versions they need: this
+    venv's huggingface_hub imports httpx2, the image's an older httpx)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    installed = {dist_name(d.metadata["Name"]): d for d in metadata.distributions()}
+    found, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        for line in (installed[name].requires if name in installed else None) or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(dist_name(requirement.name))
+    return found
+
+
+class ImageOnly:
+    """Stands in for the import system's path finder: a top-level module that a distribution
+    installed here provides, and that is neither in the GPU machine's image nor carried, is not
+    found, as there (``import`` raises, ``importlib.util.find_spec`` answers None, so optional
+    imports go on without it). The standard library and this tree belong to no distribution."""
+
+    def __init__(self, finder, allowed: set[str]):
+        from importlib.metadata import packages_distributions
+
+        self.finder, self.allowed = finder, allowed
+        self.owners = {m: {dist_name(d) for d in ds} for m, ds in packages_distributions().items()}
+        self.refused: set[str] = set()
+
+    def find_spec(self, name, path=None, target=None):
+        owners = self.owners.get(name, set()) if path is None else set()
+        if owners and not owners & self.allowed:
+            self.refused.add(name)
+            return None
+        return self.finder.find_spec(name, path, target)
+
+    def invalidate_caches(self) -> None:
+        self.finder.invalidate_caches()
+
+    def find_distributions(self, *args, **kwargs):  # importlib.metadata asks the path finder
+        return self.finder.find_distributions(*args, **kwargs)
+
+
+def image_only(carried: list[str]) -> ImageOnly:
+    """From now on this process imports only what the GPU machine has, plus ``carried`` (pins)."""
+    from importlib.machinery import PathFinder
+
+    allowed = with_requirements(image_packages()) | {dist_name(n.split("==")[0]) for n in carried}
+    hook = ImageOnly(PathFinder, allowed | {"yarnlib"})  # the tree travels with every call
+    sys.meta_path[:] = [hook if f is PathFinder else f for f in sys.meta_path]
+    return hook
+
+
+def imports_check(carried: list[str]) -> None:
+    """What the RULER step imports, under ``image_only(carried)``: the yarnlib command, lm-eval's
+    evaluator and hf model, the sentence splitter, and the module of every task REAL runs
+    (loading a task's YAML imports it). Each carried RULER wheel must be imported (else it is
+    carried for nothing); a missing one raises ModuleNotFoundError naming it."""
+    from importlib.metadata import packages_distributions
+
+    hook = image_only(carried)
+    import lm_eval.evaluator  # noqa: F401
+    import lm_eval.models.huggingface  # noqa: F401
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    import yarnlib.cli  # noqa: F401
+    from yarnlib.eval import ruler
+
+    print(f"imports-check: sentence splitter: {ruler.ensure_sentence_splitter()}")
+    configs = ruler.task_configs()
+    for task in (*REAL["ruler_tasks"], *REAL["ruler_more_tasks"]):
+        load_yaml(configs[task])
+    owners = packages_distributions()
+    imported = {dist_name(d) for m in list(sys.modules) for d in owners.get(m.split(".")[0], ())}
+    unused = sorted({dist_name(n.split("==")[0]) for n in RULER_WHEELS} - imported)
+    if unused:
+        raise SystemExit(f"imports-check: carried but never imported: {', '.join(unused)}")
+    print(f"imports-check: ok; refused (optional, absent there too): {sorted(hook.refused)}")
 
 
 # ---- the device: stash, assemble ----------------------------------------------------------
@@ -503,9 +645,60 @@ def grpo(run: Run) -> None:
     subprocess.run(command, env=env, check=True, timeout=timeout)
 
 
+def ruler_lengths(plan: dict, row: str) -> list[int]:
+    return sorted({n for r, n in plan["ruler_cells"] if r == row})
+
+
+def ruler_native(plan: dict, found: dict, label: str = "none") -> float | None:
+    """The threshold of the effective length: the native row's average at its length (the
+    native one), from a RULER results' averages (the native row labelled ``label``)."""
+    length = ruler_lengths(plan, "native")[0]
+    base = [
+        r["score"]
+        for r in found.get("averages", [])
+        if (r["method"], r["length"]) == (label, length)
+    ]
+    return base[0] if base else None
+
+
+def ruler_missing(run: Run, row: str, tasks: tuple[str, ...], length: int) -> list[str]:
+    """The tasks without a cell at ``length`` in the row's results (its ruler.json)."""
+    cells = read_json(run.state / f"ruler-{row}" / "ruler.json", {}).get("cells", [])
+    done = {(c["task"], c["length"]) for c in cells}
+    return [t for t in tasks if (t, length) not in done]
+
+
+def ruler_cell(run: Run, row: str, tasks: tuple[str, ...]) -> None:
+    """The row's next missing cell (``--max-cells 1``: the shortest length first), against the
+    native model's average at its native length once that is known."""
+    plan = run.plan
+    model, methods = row_model(run, row)
+    native = ruler_native(plan, read_json(run.state / "ruler-native" / "ruler.json", {}))
+    threshold = ["--threshold", str(native)] if native is not None and row != "native" else []
+    yarnlib(
+        "eval", "ruler", "--model", model, "--methods", methods,
+        "--lengths", ",".join(map(str, ruler_lengths(plan, row))), "--tasks", ",".join(tasks),
+        "--samples", str(plan["ruler_samples"]), "--dtype", plan["dtype"], "--max-cells", "1",
+        "--output", str(run.state / f"ruler-{row}"), "--resume", *threshold,
+    )  # fmt: skip
+
+
+def ruler(run: Run, tasks: tuple[str, ...]) -> None:
+    """``yarnlib eval ruler`` with ``tasks`` for every (row, length) of the plan in its order,
+    one cell per invocation; each row's results in state/ruler-ROW/."""
+    plan = run.plan
+    for row, length in plan["ruler_cells"]:
+        while missing := ruler_missing(run, row, tasks, length):
+            if run.left() < plan["ruler_min_left_s"]:
+                raise TimeoutError(f"ruler: out of time before {row} at {length}")
+            ruler_cell(run, row, tasks)
+            if ruler_missing(run, row, tasks, length) == missing:  # never loop on a lost cell
+                raise RuntimeError(f"ruler: no new cell of {row} at {length} ({missing})")
+
+
 def tasks(run: Run) -> list[tuple[str, object]]:
     """(name, callable) in the order the results matter (the module doc)."""
-    t = run.plan["targets"]
+    t, main = run.plan["targets"], run.plan["ruler_tasks"]
     both = ("yarn16", "x16")
     return [
         ("measure", lambda: measure(run)),
@@ -521,8 +714,10 @@ def tasks(run: Run) -> list[tuple[str, object]]:
         ("ppl-x8", lambda: perplexity(run, "x8")),
         (f"passkey-{t['x16']}", lambda: passkey(run, both, t["x16"])),
         ("grpo", lambda: grpo(run)),
+        ("ruler", lambda: ruler(run, main)),
         (f"passkey-{t['x8']}", lambda: passkey(run, both, t["x8"])),
         (f"passkey-{t['x4']}", lambda: passkey(run, both, t["x4"])),
+        ("ruler-more", lambda: ruler(run, (*main, *run.plan["ruler_more_tasks"]))),
     ]
 
 
@@ -577,10 +772,52 @@ def results(state: Path, plan: dict) -> dict:
         }
     from gpu_check import absent_on_gpu_machine
 
+    carried = {dist_name(n.split("==")[0]) for n in carried_wheels(grpo=True)}
+    ruler_found = ruler_results(state, plan)
+    del ruler_found["cells"]  # in ruler-ROW/ (with every answer) and the table
     return {"plan": plan, "measure": read_json(state / "measure.json"), "rows": found,
-            "grpo": read_json(state / "grpo" / "summary.json"),
+            "grpo": read_json(state / "grpo" / "summary.json"), "ruler": ruler_found,
             "progress": read_json(state / "progress.json"),
-            "absent_on_gpu_machine": absent_on_gpu_machine()}  # fmt: skip
+            "absent_on_gpu_machine": [m for m in absent_on_gpu_machine()
+                                      if dist_name(m) not in carried]}  # fmt: skip
+
+
+RULER_ROWS = ("native", "yarn16", "x16", "x8")
+
+
+def ruler_results(state: Path, plan: dict) -> dict:
+    """Every row's RULER cells (state/ruler-ROW/ruler.json) under the row's name; the average
+    and the effective length over the step's main tasks, the threshold being the native row's
+    average at its native length."""
+    from yarnlib.eval import ruler
+
+    cells = []
+    for row in RULER_ROWS:
+        found = read_json(state / f"ruler-{row}" / "ruler.json", {}).get("cells", [])
+        cells += [{**cell, "method": row_name(row, plan)} for cell in found]
+    means = ruler.averages(cells, list(plan["ruler_tasks"]))
+    threshold = ruler_native(plan, {"averages": means}, row_name("native", plan))
+    effective = ruler.effective_lengths(means, threshold)
+    return {"tasks": plan["ruler_tasks"], "averages": means, "threshold": threshold,
+            "effective_length": effective, "cells": cells}  # fmt: skip
+
+
+def ruler_markdown(plan: dict, found: dict) -> str:
+    """One table per row (yarnlib's RULER table), every task run so far."""
+    from yarnlib.eval import ruler
+
+    cells = found["cells"]
+    tasks = [t for t in (*plan["ruler_tasks"], *plan["ruler_more_tasks"])
+             if any(c["task"] == t for c in cells)]  # fmt: skip
+    notes = {t: "*" for t in tasks if ruler.SOURCES[t] == ruler.ESSAY}
+    lengths = sorted({c["length"] for c in cells})
+    table = ruler.markdown(cells, found["averages"], tasks, lengths, found["threshold"],
+                           found["effective_length"], notes)  # fmt: skip
+    return table + (
+        f"\naverage and effective length over {', '.join(found['tasks'])}; the threshold: the "
+        f"native row's average at {ruler_lengths(plan, 'native')[0]}; \\* essays replaced by "
+        "the packaged plays\n"
+    )
 
 
 def markdown(found: dict) -> str:
@@ -598,6 +835,9 @@ def write_table(run: Run) -> None:
     found = results(run.state, run.plan)
     write_json(run.state / "results.json", found)
     (run.state / "table.md").write_text(markdown(found))
+    ruler_found = ruler_results(run.state, run.plan)
+    if ruler_found["cells"]:
+        (run.state / "ruler.md").write_text(ruler_markdown(run.plan, ruler_found))
 
 
 # what never comes back: merged models, checkpoints, token caches, the joined held-out texts
@@ -658,16 +898,28 @@ def tiny_model(folder: Path, data: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "command", choices=("split", "stash", "run", "pack", "dry-run", "unpack", "table")
+        "command",
+        choices=("split", "stash", "run", "pack", "dry-run", "unpack", "table", "imports-check"),
     )
     p.add_argument("files", nargs="*", type=Path, help="unpack: the returned archives")
     p.add_argument("--budget", type=float, default=math.inf, help="run: seconds for the tasks")
     p.add_argument("--tasks", help="run only these (comma list)")
     p.add_argument("--state", type=Path, help=f"default {DEVICE_DIR}/state (dry run: required)")
     p.add_argument("--out", type=Path, default=os.environ.get("OUT"), help="default $OUT")
-    p.add_argument("--no-grpo-wheels", action="store_true", help="split: the model parts only")
+    p.add_argument("--no-grpo-wheels", action="store_true", help="split, imports-check: "
+                   "without TRL's wheels (once the GRPO step is done)")  # fmt: skip
+    p.add_argument("--drop", action="append", default=[], metavar="NAME",
+                   help="imports-check: as if this wheel were not carried")  # fmt: skip
     p.add_argument("--part-mib", type=int, help="split: part size (default: what a carry allows)")
     args = p.parse_args(argv)
+    carried = [
+        n for n in carried_wheels(not args.no_grpo_wheels) if n.split("==")[0] not in args.drop
+    ]
+    if args.command == "imports-check":
+        imports_check(carried)
+        return 0
+    if args.command == "dry-run":  # everything it imports, the GPU machine has or is carried
+        image_only(carried)
     from yarnlib.documents import DEFAULT_DATASET
 
     if args.command == "split":

@@ -1,9 +1,10 @@
 """Issue 49's GPU run (benchmarks/gpu_128k.sh) rehearsed on CPU, so it cannot rot between GPUs.
 
 The dry run is the real sequence end to end (measure, three PoSE trainings, perplexity, paired
-passkey, the GRPO step through TRL, packing) with a tiny random Llama and every length / 32;
-its numbers are checked against transformers computed here, and a session's results are
-unpacked, resumed and re-measured the way the next GPU session will.
+passkey, the GRPO step through TRL, RULER, packing) with a tiny random Llama and every length
+/ 32, importing only what the GPU machine has or is carried to it; its numbers are checked
+against transformers computed here, and a session's results are unpacked, resumed and
+re-measured the way the next GPU session will.
 """
 
 from __future__ import annotations
@@ -173,6 +174,78 @@ def test_grpo_step_gap_peaks_and_plan(run):
     assert summary["plan"]["phases_mb"]["update"] > 0
 
 
+def ruler_cells(state: Path, row: str) -> list[dict]:
+    return json.loads((state / f"ruler-{row}" / "ruler.json").read_text())["cells"]
+
+
+def test_ruler_rows_run_their_models_on_the_same_prompts(run):
+    """Each row's cells at its planned lengths, from the model it names (the scaling the
+    command read from it), every task of both steps; the rows answer the same prompts."""
+    state = run / "state"
+    tasks = {*PLAN["ruler_tasks"], *PLAN["ruler_more_tasks"]}
+    scalings = {"native": ("none", 1.0), "yarn16": ("yarn", 16.0), "x16": ("yarn", 16.0),
+                "x8": ("yarn", 8.0)}  # fmt: skip
+    prompts = {}
+    for row, scaling in scalings.items():
+        cells = ruler_cells(state, row)
+        lengths = {n for r, n in PLAN["ruler_cells"] if r == row}
+        assert {(c["task"], c["length"]) for c in cells} == {(t, n) for t in tasks for n in lengths}
+        assert {(c["scaling"], c["factor"]) for c in cells} == {scaling}
+        assert {c["samples"] for c in cells} == {PLAN["ruler_samples"]}
+        for c in cells:
+            assert c["score"] == sum(
+                sum(e.lower() in a.lower() for e in want) / len(want)
+                for a, want in zip(c["answers"], c["expected"], strict=True)
+            ) / len(c["answers"])  # fmt: skip
+            prompts.setdefault((c["task"], c["length"]), set()).add(c["prompts_id"])
+    assert all(len(ids) == 1 for ids in prompts.values())
+    settings = json.loads((state / "ruler-x16" / "ruler.json").read_text())["settings"]
+    assert settings["model"] == str(state / "x16" / "model")
+    table = (state / "ruler.md").read_text()
+    assert all(f"### {gpu_128k.row_name(row, PLAN)}" in table for row in scalings)
+
+
+def write_ruler_row(state: Path, row: str, scores: dict[tuple[str, int], float]) -> None:
+    cells = [{"method": "none", "task": t, "length": n, "scores": [s], "score": s, "samples": 1,
+              "ci_low": 0.0, "ci_high": 1.0} for (t, n), s in scores.items()]  # fmt: skip
+    (state / f"ruler-{row}").mkdir(parents=True)
+    (state / f"ruler-{row}" / "ruler.json").write_text(json.dumps({"cells": cells}))
+
+
+def test_ruler_effective_lengths_against_the_native_average(tmp_path):
+    """The threshold is the native row's average over the main tasks at its length (0.75);
+    a row's effective length is its longest length with every average up to it at or above."""
+    one, two = PLAN["ruler_tasks"]
+    write_ruler_row(tmp_path, "native", {(one, 512): 1.0, (two, 512): 0.5})
+    write_ruler_row(tmp_path, "yarn16", {(one, 2048): 1.0, (two, 2048): 0.5, (one, 4096): 0.5,
+                                         (two, 4096): 0.5})  # fmt: skip
+    more = PLAN["ruler_more_tasks"][0]  # not in the average: not every row has it
+    write_ruler_row(tmp_path, "x16", {(one, 2048): 1.0, (two, 2048): 1.0, (one, 4096): 1.0,
+                                      (two, 4096): 0.5, (more, 4096): 0.0})  # fmt: skip
+    write_ruler_row(tmp_path, "x8", {(one, 2048): 0.5, (two, 2048): 0.5})
+    found = gpu_128k.ruler_results(tmp_path, PLAN)
+    assert found["threshold"] == 0.75
+    name = lambda row: gpu_128k.row_name(row, PLAN)  # noqa: E731
+    averages = {(r["method"], r["length"]): r["score"] for r in found["averages"]}
+    assert averages[name("x16"), 4096] == 0.75  # the main tasks only
+    assert found["effective_length"] == {name("native"): 512, name("yarn16"): 2048,
+                                         name("x16"): 4096, name("x8"): None}  # fmt: skip
+
+
+@pytest.mark.parametrize("dropped", [None, "wonderwords", "nltk"])
+def test_the_carried_wheels_are_what_rulers_imports_need(dropped):
+    """Only the image's packages and the carried wheels importable: RULER's imports go
+    through, and fail naming the wheel when one is not carried."""
+    command = [sys.executable, str(REPO / "benchmarks" / "gpu_128k.py"), "imports-check"]
+    proc = subprocess.run(command + (["--drop", dropped] if dropped else []),
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    if dropped is None:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        assert "imports-check: ok" in proc.stdout
+    else:
+        assert proc.returncode != 0 and dropped in proc.stderr.splitlines()[-1]
+
+
 def test_a_later_session_resumes_from_the_unpacked_results(run, tmp_path):
     """The returned archives unpacked as into benchmarks/results/gpu_128k; a fresh state seeded
     from them redoes one task only, with the model rebuilt from the committed adapter, and
@@ -180,6 +253,7 @@ def test_a_later_session_resumes_from_the_unpacked_results(run, tmp_path):
     results = tmp_path / "results"
     gpu_128k.unpack(sorted((run / "out").iterdir()), results)
     assert (results / "x16" / "adapter" / "adapter_model.safetensors").is_file()
+    assert (results / "ruler.md").is_file() and (results / "ruler-x16" / "cells.jsonl").is_file()
     state = tmp_path / "state"
     gpu_128k.seed_state(state, results)
     progress = json.loads((state / "progress.json").read_text())
