@@ -107,7 +107,7 @@ REAL = {
         ("yarn16", 131072),
         ("x16", 131072),
         ("x8", 65536),
-    ),  # fmt: skip
+    ),
     "ruler_tasks": ("niah_single_1", "niah_single_2"),
     "ruler_more_tasks": (
         "niah_multikey_2",
@@ -116,8 +116,9 @@ REAL = {
         "niah_multiquery",
         "ruler_cwe",
         "ruler_vt",
-    ),  # fmt: skip
+    ),
     "ruler_samples": 10,
+    "ruler_cells_per_call": 1,  # so that a call stops between cells
     "ruler_min_left_s": 75,  # no RULER cell starts with less (a 128k cell: ~40-65 s)
 }
 SCALE = 32  # the dry run: every length / 32, a tiny random Llama (L = 256) on CPU
@@ -142,6 +143,7 @@ DRY = {
     "ruler_cells": (("native", 512), *((r, n // SCALE) for r, n in REAL["ruler_cells"][1:])),
     "ruler_more_tasks": ("niah_multikey_2",),  # ruler_vt loops on the tiny tokenizer
     "ruler_samples": 1,
+    "ruler_cells_per_call": 10,  # a row per invocation: no time limit, and fewer model loads
     "ruler_min_left_s": 0,
 }
 
@@ -668,8 +670,8 @@ def ruler_missing(run: Run, row: str, tasks: tuple[str, ...], length: int) -> li
     return [t for t in tasks if (t, length) not in done]
 
 
-def ruler_cell(run: Run, row: str, tasks: tuple[str, ...]) -> None:
-    """The row's next missing cell (``--max-cells 1``: the shortest length first), against the
+def ruler_cells(run: Run, row: str, tasks: tuple[str, ...]) -> None:
+    """The row's next missing cells (``--max-cells``: the shortest length first), against the
     native model's average at its native length once that is known."""
     plan = run.plan
     model, methods = row_model(run, row)
@@ -678,20 +680,21 @@ def ruler_cell(run: Run, row: str, tasks: tuple[str, ...]) -> None:
     yarnlib(
         "eval", "ruler", "--model", model, "--methods", methods,
         "--lengths", ",".join(map(str, ruler_lengths(plan, row))), "--tasks", ",".join(tasks),
-        "--samples", str(plan["ruler_samples"]), "--dtype", plan["dtype"], "--max-cells", "1",
+        "--samples", str(plan["ruler_samples"]), "--dtype", plan["dtype"],
+        "--max-cells", str(plan["ruler_cells_per_call"]),
         "--output", str(run.state / f"ruler-{row}"), "--resume", *threshold,
     )  # fmt: skip
 
 
 def ruler(run: Run, tasks: tuple[str, ...]) -> None:
     """``yarnlib eval ruler`` with ``tasks`` for every (row, length) of the plan in its order,
-    one cell per invocation; each row's results in state/ruler-ROW/."""
+    a few cells per invocation; each row's results in state/ruler-ROW/."""
     plan = run.plan
     for row, length in plan["ruler_cells"]:
         while missing := ruler_missing(run, row, tasks, length):
             if run.left() < plan["ruler_min_left_s"]:
                 raise TimeoutError(f"ruler: out of time before {row} at {length}")
-            ruler_cell(run, row, tasks)
+            ruler_cells(run, row, tasks)
             if ruler_missing(run, row, tasks, length) == missing:  # never loop on a lost cell
                 raise RuntimeError(f"ruler: no new cell of {row} at {length} ({missing})")
 
