@@ -875,7 +875,8 @@ def unpack(files: list[Path], target: Path = RESULTS) -> None:
     for archive in files:
         with tarfile.open(archive) as tar:
             tar.extractall(target, filter="data")
-    print((target / "table.md").read_text() if (target / "table.md").is_file() else "no table")
+    for table in (target / "table.md", target / "ruler.md"):
+        print(table.read_text() if table.is_file() else f"no {table.name}")
 
 
 def seed_state(state: Path, source: Path) -> None:

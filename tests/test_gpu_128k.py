@@ -199,6 +199,10 @@ def test_ruler_rows_run_their_models_on_the_same_prompts(run):
             ) / len(c["answers"])  # fmt: skip
             prompts.setdefault((c["task"], c["length"]), set()).add(c["prompts_id"])
     assert all(len(ids) == 1 for ids in prompts.values())
+    for row in scalings:  # ruler-more resumed: the cells of the ruler step are not redone
+        lines = (state / f"ruler-{row}" / "cells.jsonl").read_text().splitlines()
+        keys = [(r["task"], r["length"]) for r in map(json.loads, lines)]
+        assert sorted(keys) == sorted(set(keys))
     settings = json.loads((state / "ruler-x16" / "ruler.json").read_text())["settings"]
     assert settings["model"] == str(state / "x16" / "model")
     table = (state / "ruler.md").read_text()
