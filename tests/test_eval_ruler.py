@@ -61,7 +61,12 @@ def built(task, model_dir, haystack_dir=None, samples=3, length=LENGTH, qa_dir=N
 
 @pytest.mark.parametrize(
     ("task", "length"),
-    [("niah_single_1", LENGTH), ("niah_multivalue", 1024), ("niah_multikey_2", LENGTH)],
+    [
+        ("niah_single_1", LENGTH),
+        ("niah_multivalue", 1024),
+        ("niah_multikey_2", LENGTH),
+        ("ruler_fwe", 1024),  # its generator is called without num_samples
+    ],
 )
 def test_perfect_answers_score_one_and_none_zero(task, length, model_dir, haystack_dir):
     """(essay tasks need room for 4 needles in the tiny tokenizer's long tokens: 1024)"""
@@ -262,3 +267,25 @@ def test_answers_stop_once_their_score_is_settled(model_dir):
     assert len(stopped) < len(full) and full.startswith(stopped)
     assert score(stopped, expected) == score(full, expected) == 1.0
     assert answer(RulerLM, ["not in any answer"]) == full
+
+
+def test_a_synthetic_task_alone_downloads_nothing(tmp_path):
+    """lm-eval's needle module fetches nltk's punkt_tab when imported, for niah_single_1 too:
+    the splitter is prepared before any task is built, whichever tasks run."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import argparse, nltk\n"
+        "def refuse(*args, **kwargs): raise SystemExit('a download was attempted')\n"
+        "nltk.download = refuse\n"
+        "from yarnlib.eval.cli import ruler_sources\n"
+        "ruler_sources(argparse.Namespace(qa_dir=None, haystack=None), ['niah_single_1'])\n"
+        "import lm_eval.tasks.ruler.prepare_niah\n"
+        "print('imported')\n"
+    )
+    env = {**os.environ, "YARNLIB_CACHE": str(tmp_path / "cache"), "HOME": str(tmp_path),
+           "NLTK_DATA": str(tmp_path / "nltk_data")}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.stdout.strip().endswith("imported"), done.stderr[-2000:]

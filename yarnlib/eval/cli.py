@@ -290,9 +290,11 @@ def ruler_sources(args, tasks: list[str]):
     extra: dict = {}
     notes: dict[str, str] = {}
     haystack = None
+    # lm-eval's needle module downloads punkt_tab when imported, for the synthetic tasks too
+    splitter = ensure_sentence_splitter()
     if any(SOURCES[t] == ESSAY for t in tasks):
         haystack = Haystack.load(args.haystack)
-        extra = {"haystack": haystack.content, "sentence_splitter": ensure_sentence_splitter()}
+        extra = {"haystack": haystack.content, "sentence_splitter": splitter}
         for task in (t for t in tasks if SOURCES[t] == ESSAY):
             notes[task] = "*"
         print(f"essay tasks ({', '.join(notes)}): Paul Graham's essays (network) replaced by "

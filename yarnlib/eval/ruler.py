@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import random
 import re
@@ -197,7 +198,10 @@ def local_dataset(build, source: str, samples: int, haystack: Haystack | None, q
 
 
 def first_prompts(generate, samples: int):
-    def generate_first(*args, num_samples, **kwargs):
+    # fwe's generator is called without num_samples: its own default (500) applies
+    default = inspect.signature(generate).parameters["num_samples"].default
+
+    def generate_first(*args, num_samples=default, **kwargs):
         return generate(*args, num_samples=min(num_samples, samples), **kwargs)
 
     return generate_first
