@@ -115,6 +115,7 @@ REAL = {
         "niah_multivalue",
         "niah_multiquery",
         "ruler_cwe",
+        "ruler_fwe",
         "ruler_vt",
     ),
     "ruler_samples": 10,
