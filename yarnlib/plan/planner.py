@@ -7,6 +7,7 @@ sleeps while the actor trains, and the actor's states stay on the GPU while vLLM
     rollout   actor states + reference + vLLM's gpu_memory_utilization share
     log-prob  actor states + reference + FSDP working copies + a forward without grad
     update    actor states + grads + FSDP working copies + activations of one micro-batch
+    step      (DeepSpeed ZeRO-3, optimizer on the GPU) states + the fp32 grads of one sub-group
 
 ``yarnlib finetune`` has the update phase only; TRL's colocated vLLM sleeps through the update
 as well (``vllm_enable_sleep_mode`` in the fragment).
@@ -31,6 +32,9 @@ BACKENDS = ("fsdp", "deepspeed")  # the actor's sharding: FSDP2, or DeepSpeed Ze
 GRPO = ("verl", "easyr1", "trl")
 TRL_BATCHED_TOKENS = 4096  # trl.generation.vllm_generation builds LLM(max_num_batched_tokens=4096)
 CHUNK = 1024  # tokens per loss chunk (yarnlib finetune --chunk-size, verl's fused kernels)
+# DeepSpeed's zero_optimization.sub_group_size default: ZeRO-3 steps its fp32 partition in
+# sub-groups of this many parameters, each with an fp32 copy of its grads made for the step
+SUB_GROUP = 10**9
 # what stays on the GPU between phases
 RESIDENT = (
     "actor weights (fp32, sharded)",
@@ -38,7 +42,8 @@ RESIDENT = (
     "AdamW states (sharded)",
     "reference model (fp32, sharded)",
     "ZeRO-3 bf16 weights (sharded)",
-    "ZeRO-3 fp32 master, grads, AdamW (sharded)",
+    "ZeRO-3 fp32 master and AdamW (sharded)",
+    "ZeRO-3 grads (bf16, sharded)",
 )
 # reserved, not allocated: the freed logits block the loss backward cannot reuse
 CACHED_LOGITS = "allocator cache (freed logits; reserved)"
@@ -151,21 +156,34 @@ def _states(s: Setup, offload: str) -> dict[str, int]:
 
 
 def _zero3_states(s: Setup, offload: str) -> dict[str, int]:
-    """DeepSpeed ZeRO-3 with bf16, as DeepSpeed's own estimator counts it
-    (``estimate_zero3_model_states_mem_needs``): 18 bytes per parameter over all ranks, 2 of
-    them (the bf16 weights) left on the GPU when the optimizer is offloaded, none when the
-    parameters are too; plus the largest module gathered with its grads, 4 bytes per parameter
-    (for these models the embedding or the output head). With LoRA the base is frozen: its bf16
-    weights only, gathered without grads, and the 18 bytes per parameter are the adapter's."""
+    """DeepSpeed ZeRO-3 with bf16, as its runtime holds them: per parameter over all ranks, the
+    bf16 weights (2 bytes), and with the optimizer on the GPU the fp32 master and AdamW's two
+    moments (12) and the grad partitions (2: DeepSpeed accumulates grads in its
+    ``grad_accum_dtype``, which under ZeRO defaults to the model's bf16; its estimator,
+    ``estimate_zero3_model_states_mem_needs``, counts them as fp32, 18 bytes in all); with the
+    optimizer offloaded the grads and states live on the CPU, with the parameters offloaded the
+    weights too. Plus the largest module gathered with its grads, 4 bytes per parameter (for
+    these models the embedding or the output head). With LoRA the base is frozen: its bf16
+    weights only, gathered without grads, and the master, moments and grads are the adapter's."""
     params, trained = s.shape.params, s.shape.lora_params(s.lora_rank)
     weights = 2 * (params + trained) // s.world if offload != "all" else 0
-    master = 16 * (trained or params) // s.world if offload == "none" else 0
+    on_gpu = (trained or params) // s.world if offload == "none" else 0
     largest = s.shape.largest_module_params
     return {
         "ZeRO-3 bf16 weights (sharded)": weights,
-        "ZeRO-3 fp32 master, grads, AdamW (sharded)": master,
+        "ZeRO-3 fp32 master and AdamW (sharded)": 12 * on_gpu,
+        "ZeRO-3 grads (bf16, sharded)": 2 * on_gpu,
         "ZeRO-3 gathered module (bf16 weights, grads)": (2 if trained else 4) * largest,
     }
+
+
+def _zero3_step(s: Setup, offload: str) -> int:
+    """The fp32 grads ZeRO-3 makes of one sub-group's bf16 grads for its optimizer step (on the
+    GPU when the optimizer is), freed before the next sub-group's."""
+    if s.backend != "deepspeed" or offload != "none":
+        return 0
+    partition = (s.shape.lora_params(s.lora_rank) or s.shape.params) // s.world
+    return 4 * min(partition, SUB_GROUP)
 
 
 def _tokens(s: Setup, sp: int, cp: int) -> int:
@@ -205,6 +223,10 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
     working = sum(v for k, v in lines.items() if k in WORKING)
     update = resident + working + memory.activation_peak(acts)
     plan.phases["update"] = update + s.reserve
+    step = _zero3_step(s, offload)
+    if step:  # the activations are freed by then; the states and grads are not
+        lines["ZeRO-3 step: fp32 grads of one sub-group"] = step
+        plan.phases["optimizer step"] = resident + step + s.reserve
     if s.engine in TRAINING and s.logits_mode == "full":
         cached = memory.cached_logits_bytes(s.shape, rows, p)
         lines[CACHED_LOGITS] = cached
