@@ -56,6 +56,8 @@ def summary(out: Path) -> str:
         effective.append(f"{name}: {length or 'below the threshold at every tested length'}")
     threshold = base["threshold"]
     text = "\n".join(lines) + "\n\n"
+    if threshold is None:  # the base report has no `none` row at the native length
+        return text + "Effective length: no threshold (run `none` at 8k or give --threshold).\n"
     text += f"Effective length (average ≥ {100 * threshold:.0f} %, the `none` row's at 8k): "
     text += "; ".join(effective) + ".\n"
     return text
