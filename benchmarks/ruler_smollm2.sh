@@ -13,7 +13,8 @@
 # settings, so the two are separate series).
 # Lengths run in order (all rows at 16k before any at 32k), yarn:4 and PoSE first in each.
 # Resumable: rerun it and finished cells are taken from OUT (cells.jsonl); the report commands
-# write ruler.md, ruler.json, ruler.png for every row and length finished so far, and
+# write ruler.md, ruler.json, ruler.png for the rows of REPORT_ROWS (default ROWS) at
+# REPORT_LENGTHS (default the lengths run), each cell finished so far, and
 # benchmarks/ruler_summary.py one table of them all (OUT/summary.md).
 # A GPU adds 64k and 128k: LONG_LENGTHS="65536,131072" on a lent device (benchmarks/gpu_128k.sh).
 set -euo pipefail
@@ -25,13 +26,17 @@ DTYPE=${DTYPE:-bfloat16}
 NATIVE_LENGTHS=${NATIVE_LENGTHS:-4096,8192}
 LONG_LENGTHS=${LONG_LENGTHS:-16384,32768}
 ROWS=${ROWS:-}
+REPORT_ROWS=${REPORT_ROWS:-$ROWS}  # the report's rows: every row run so far, not only this call's
 POSE=${POSE-benchmarks/results/pose_smollm2}  # empty: no PoSE rows
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1
-methods=yarn:4 specs=()
-for row in $ROWS; do
-    if [[ $row == *.json ]]; then specs+=("$row"); else methods+=",$row"; fi
-done
+split_rows() {  # ROWS-style words → methods (after yarn:4) and spec files
+    methods=yarn:4 specs=()
+    for row in $1; do
+        if [[ $row == *.json ]]; then specs+=("$row"); else methods+=",$row"; fi
+    done
+}
+split_rows "$ROWS"
 run() {
     .venv/bin/yarnlib eval ruler --tasks "$TASKS" --samples "$SAMPLES" --dtype "$DTYPE" \
         --resume "$@"
@@ -57,7 +62,8 @@ for length in ${LONG_LENGTHS//,/ }; do  # per length: yarn:4, the PoSE model, th
     [[ -z $POSE ]] || pose --lengths "$length"
     base --methods "$methods" ${specs[@]:+--spec "${specs[@]}"} --lengths "$length"
 done
+split_rows "$REPORT_ROWS"
 base --report --methods "none,$methods" ${specs[@]:+--spec "${specs[@]}"} \
-    --lengths "$NATIVE_LENGTHS,$LONG_LENGTHS"
-[[ -z $POSE ]] || pose --report --lengths "$LONG_LENGTHS" ${threshold:+--threshold "$threshold"}
+    --lengths "$NATIVE_LENGTHS,${REPORT_LENGTHS:-$LONG_LENGTHS}"
+[[ -z $POSE ]] || pose --report --lengths "${REPORT_LENGTHS:-$LONG_LENGTHS}" ${threshold:+--threshold "$threshold"}
 .venv/bin/python benchmarks/ruler_summary.py "$OUT"  # one table of every row: OUT/summary.md
