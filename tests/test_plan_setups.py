@@ -3,6 +3,7 @@ offload) for fine-tuning, micro-batches above 1, the loss chunk of `yarnlib fine
 against a hand formula or a second code path, and each flag in the fragment the engine reads."""
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -96,6 +97,11 @@ def test_zero3_states_are_what_a_deepspeed_engine_keeps(tmp_path):
         text=True,
         cwd=tmp_path,
         timeout=600,
+        # DeepSpeed builds its CPU ops on first use with ninja: the venv's, wherever PATH points
+        env={
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        },
     )
     assert run.returncode == 0, run.stderr[-2000:]
     engine = json.loads(run.stdout.strip().splitlines()[-1])
