@@ -33,10 +33,21 @@ QWQ_32B = {
     "num_key_value_heads": 8,
     "max_position_embeddings": 40960,
 }
-SWIFT = "https://github.com/modelscope/ms-swift/blob/main/examples/train/long_text/"
+# ms-swift moved and rewrote its examples since (long_text/ is gone from main): each row links
+# the commit whose script states the figure
+SWIFT = "https://github.com/modelscope/ms-swift/blob/{}/examples/train/{}"
+SWIFT_MAY8 = "e3f270866a5bf5e4ee47a1cfbf310c671f05388e"  # liger_kernel.sh 42GB, sp 16K 43GiB
+SWIFT_MAY13 = "70ec3155d9e165e084746cf91bc2758ca24af8b7"  # sequence_parallel.sh at 65536
+SWIFT_MAY16 = "c0d14cf3dedf0885341e22855ac967e528e48bb5"  # sequence_parallel_512k.sh added
+SWIFT_JUL3 = "f9afe2dc62669094621f5f72aac8036caeaa36f7"  # ring_attention/ examples added
+SWIFT_SEP6 = "223378d6dd9986ff8952f009d7b169473c55a9a8"  # sequence_parallel/ (DDP, sp 8)
+SWIFT_MAY7 = "e2a5019da036b95bc20370c7b3377b91823c9789"  # zero3.sh's 56GB, before its fix
 HF_BLOG = "https://huggingface.co/blog/ulysses-sp"
-ALST = "https://github.com/snowflakedb/ArcticTraining/blob/main/projects/sequence-parallelism/"
-TITAN = "https://github.com/pytorch/torchtitan/blob/main/docs/performance.md"
+# ArcticTraining's recipes as of 2026-04-13; torchtitan's table before it moved (2025-06-13)
+ALST = "https://github.com/snowflakedb/ArcticTraining/blob/"
+ALST += "b28638e6c577ece34cc147ab3d45d27a7f66b33b/projects/sequence-parallelism/"
+TITAN = "https://github.com/pytorch/torchtitan/blob/"
+TITAN += "bf835b59d6897949ee5d1cb9ce7aa2b6dc84860c/docs/performance.md"
 # what each source's peak is: torchtitan logs max_reserved_gib as "memory", ms-swift logs
 # torch.cuda.max_memory_reserved() as memory(GiB) (get_max_cuda_memory); ArcticTraining's "NV"
 # is NVML's used memory in GiB (arctic_training/debug/utils.py), what nvidia-smi shows; the
@@ -78,13 +89,17 @@ def alst_row(recipe: str, setup: str, measured: float | None, flags: str) -> tup
 
 HF_MEASURED = [(8192, 76.4, 1), (8192, 23.4, 4), (32768, 35.0, 4), (65536, 50.5, 4)]
 HF_MEASURED += [(98304, 66.0, 4), (131072, None, 4)]
-SWIFT_SFT = f"--engine sft --gpus 4 --gpu-memory {A100} --offload none"
+SWIFT_SFT = f"--engine swift --gpus 4 --gpu-memory {A100} --offload none --optim adamw_torch"
+SWIFT_512K = (
+    f"--engine swift --sp 8 --context 512000 --gpus 8 --gpu-memory {A100} --offload all "
+    "--lora 8 --logits chunked --loss-chunk 2048"
+)
 ALST_1 = "--engine sft --gpus 1 --sp 1 --offload all"
 ALST_8 = f"--engine sft --gpus 8 --gpu-memory {H100} --offload optimizer --logits chunked"
 # (source, setup, measured bytes or None, what the figure is, outcome, config.json, flags)
 ROWS = [
     (
-        SWIFT + "liger_kernel.sh",
+        SWIFT.format(SWIFT_MAY8, "long_text/liger_kernel.sh"),
         SWIFT_7B.format(16384) + ", Liger",
         42 * GIB,
         RESERVED,
@@ -93,7 +108,7 @@ ROWS = [
         f"{SWIFT_SFT} --context 16384 --logits chunked",
     ),
     (
-        SWIFT + "sequence_parallel.sh",
+        SWIFT.format(SWIFT_MAY8, "long_text/sequence_parallel.sh"),
         SWIFT_7B.format(16384) + ", Ulysses sp 4 (ms-swift's own)",
         43 * GIB,
         RESERVED,
@@ -102,26 +117,13 @@ ROWS = [
         f"{SWIFT_SFT} --context 16384 --sp 4",
     ),
     (
-        SWIFT + "ulysses/sequence_parallel.sh",
+        SWIFT.format(SWIFT_MAY13, "long_text/sequence_parallel.sh"),
         SWIFT_7B.format(65536) + ", Ulysses sp 4 (ms-swift's own), YaRN",
         53 * GIB,
         RESERVED,
         "ran",
         QWEN25_7B,
         f"{SWIFT_SFT} --context 65536 --sp 4",
-    ),
-    (
-        SWIFT + "ulysses/sequence_parallel_512k.sh",
-        "QwQ-32B LoRA (ms-swift: rank 8, all linear layers), 512000 packed, 8×A100 80GB, "
-        "ZeRO-3 offload, Ulysses sp 8, Liger, CELOSS_PARALLEL_SIZE 2048, YaRN; its 'GPU Memory: "
-        "8 * 80GiB' is the card's whole memory: an outcome (it ran), not "
-        "a peak",
-        None,
-        RESERVED,
-        "ran",
-        QWQ_32B,
-        f"--engine sft --sp 8 --context 512000 --gpus 8 --gpu-memory {A100} --offload all "
-        "--lora 8 --logits chunked",
     ),
     *(hf_row(length, measured, sp, "none") for length, measured, sp in HF_MEASURED),
     *(hf_row(length, measured, sp, "optimizer") for length, measured, sp in HF_MEASURED),
@@ -200,13 +202,22 @@ ROWS += [
 ]
 NOT_EXPRESSED = [
     (
-        SWIFT + "ring_attention/sequence_parallel_256k.sh",
+        SWIFT.format(SWIFT_MAY16, "long_text/sequence_parallel_512k.sh"),
+        "QwQ-32B LoRA (ms-swift: rank 8, all linear layers), 512000 packed, 8×A100 80GB, "
+        "ZeRO-3 offload, Ulysses sp 8, Liger, CELOSS_PARALLEL_SIZE 2048, YaRN; 'GPU Memory: "
+        "8 * 80GiB', the card's whole memory: an outcome (it ran), not a peak",
+        "ran",
+        "ms-swift 3.x's chunked loss, which wrote its grads over the saved logits; the 4.6.0 "
+        f"the plan knows keeps a grad buffer beside them (`{SWIFT_512K}`: {{swift_512k}})",
+    ),
+    (
+        SWIFT.format(SWIFT_JUL3, "long_text/ring_attention/sequence_parallel_256k.sh"),
         "Qwen2.5-7B-Instruct LoRA, 256000, 4×A100, ZeRO-3 offload, ring attention sp 4, Liger",
         "42 GiB",
         "ring attention inside DeepSpeed",
     ),
     (
-        SWIFT + "sequence_parallel.sh",
+        SWIFT.format(SWIFT_SEP6, "sequence_parallel/sequence_parallel.sh"),
         "Qwen2.5-3B LoRA, 65536, 8×A100, DDP (no DeepSpeed), Ulysses sp 8, batch 4",
         "40 GiB",
         "DDP (full weights on every GPU) with sp",
@@ -236,7 +247,7 @@ NOT_EXPRESSED = [
 # figures their source replaced: shown, not counted
 SUPERSEDED = [
     (
-        SWIFT + "zero3.sh",
+        SWIFT.format(SWIFT_MAY7, "long_text/zero3.sh"),
         SWIFT_7B.format(16384) + ", Liger",
         "56 GB",
         "liger_kernel.sh, the same script renamed with its figure corrected to 42 GB (ms-swift "
@@ -306,7 +317,10 @@ def table() -> str:
         lines.append(
             f"| {_link(url)} | {setup} | {measured} | superseded by {successor} | — | — | — |"
         )
+    _, qwq, qwq_fits = planned(QWQ_32B, SWIFT_512K)
+    swift_512k = f"{qwq / GIB:.1f} GiB, {'fits' if qwq_fits else 'does not fit'} on 80"
     for url, setup, measured, missing in NOT_EXPRESSED:
+        missing = missing.format(swift_512k=swift_512k)
         lines.append(
             f"| {_link(url)} | {setup} | {measured} | not expressible: {missing} | — | — | — |"
         )

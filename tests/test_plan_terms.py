@@ -192,6 +192,72 @@ def test_full_logits_leave_their_forward_block_cached():
     assert chunked < full
 
 
+def _loss_peak(loss_of, rows: int = 1024, vocab: int = 32768) -> int:
+    """Allocated peak of a step through an output head in bf16 and ``loss_of(logits, labels)``
+    (per-row losses), the step's allocations traced on CPU and replayed through the allocator's
+    rules (tests/caching_allocator.py). The logits are the step's and dropped before backward,
+    as a model's output is; the head's grads exist from an earlier step, as in training."""
+    from caching_allocator import replay, trace
+
+    torch.manual_seed(0)
+    hidden = torch.randn(rows, 64, dtype=torch.bfloat16, requires_grad=True)
+    head = torch.randn(vocab, 64, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (rows,))
+
+    def step():
+        logits = hidden @ head.t()
+        loss = loss_of(logits, labels)
+        del logits
+        loss.sum().backward()
+
+    step()
+    return replay(trace(step)).peak_allocated
+
+
+def test_ms_swift_sequence_parallel_loss_keeps_bf16_tensors_only():
+    """ms-swift's sequence-parallel loss is ``CrossEntropyLoss(reduction='none')`` of the bf16
+    logits (``per_token_loss_func_sp``): 3 bf16 tensors of rows × vocab at its peak, where
+    transformers' loss (upcast to float32) holds 12 bytes."""
+    shape = shape_from_config(tiny_config(vocab_size=32768).to_dict())
+    p = memory.PRECISIONS["bf16-fsdp"]
+    planned = memory.bf16_loss_bytes(shape, 1024, 0, p)
+    assert planned == 6 * 1024 * 32768
+    peak = _loss_peak(lambda logits, labels: torch.nn.CrossEntropyLoss(reduction="none")(
+        logits, labels))  # fmt: skip
+    assert planned <= peak <= planned + 2**20
+
+
+@pytest.mark.parametrize("chunk, per_entry", [(128, 5), (256, 6), (1024, 10)])
+def test_ms_swift_chunked_loss_is_its_own_chunked_cross_entropy(chunk, per_entry):
+    """``CELOSS_PARALLEL_SIZE``: ms-swift's own ``ChunkedCrossEntropyLoss`` (4.6) keeps the
+    bf16 logits and fills a grad buffer of their size, whole, plus a few chunks; a chunk as long
+    as the local rows is worse than none (10 bytes per row and vocabulary entry against 6)."""
+    utils = pytest.importorskip("swift.sequence_parallel.utils")
+    shape = shape_from_config(tiny_config(vocab_size=32768).to_dict())
+    planned = memory.bf16_loss_bytes(shape, 1024, chunk, memory.PRECISIONS["bf16-fsdp"])
+    assert planned == per_entry * 1024 * 32768
+    peak = _loss_peak(lambda logits, labels: utils.ChunkedCrossEntropyLoss.apply(
+        logits, labels, chunk))  # fmt: skip
+    assert planned <= peak <= planned + 2**20
+
+
+def test_swift_with_ulysses_plans_its_own_loss():
+    shape = shape_from_config(QWEN25_7B)
+    setup = planner.Setup(shape, "swift", 65536, 4, 1, 80 * GIB, backend="deepspeed")
+    plan = planner.evaluate(setup, sp=4, cp=1, tp=1, offload="none")
+    assert plan.lines[HEAD] == 6 * 16384 * 152064 and not plan.reserved  # no cached block
+    # Liger's kernels in the layers, but ms-swift takes its own loss of the full logits
+    liger = planner.evaluate(planner.replace(setup, logits="chunked"), 4, 1, 1, "none")
+    assert liger.lines[HEAD] == plan.lines[HEAD]
+    assert liger.lines[LAYER] < plan.lines[LAYER]
+    chunked = planner.evaluate(planner.replace(setup, sp_loss_chunk=2048), 4, 1, 1, "none")
+    assert chunked.lines[HEAD] == (2 * 16384 + 4 * 2048) * 2 * 152064
+    # without Ulysses its loss is transformers' (or Liger's), as the sft engine plans it
+    alone = planner.evaluate(setup, sp=1, cp=1, tp=1, offload="none")
+    sft = planner.evaluate(planner.replace(setup, engine="sft"), 1, 1, 1, "none")
+    assert alone.lines == sft.lines and alone.reserved == sft.reserved
+
+
 @pytest.mark.parametrize("engine", ["sft", "finetune"])
 def test_the_plan_adds_the_cached_logits_to_the_reserved_total_only(engine):
     shape = shape_from_config(QWEN25_7B)

@@ -85,9 +85,11 @@ def setup_from_args(args) -> planner.Setup:
         batched_tokens=_batched_tokens(args),
         reference=args.kl,
         reserve=parse_bytes("reserve", args.reserve),
-        backend=args.backend or ("deepspeed" if args.engine == "sft" else "fsdp"),
+        backend=args.backend or ("deepspeed" if args.engine in ("sft", "swift") else "fsdp"),
         micro_batch=args.micro_batch,
         chunk=_loss_chunk(args),
+        sp_loss_chunk=(args.loss_chunk or 0) if args.engine == "swift" else 0,
+        optim=args.optim or planner.OPTIMIZERS[0],
         activation_offload=args.activation_offload,
         lora_rank=args.lora or 0,
     )
@@ -108,13 +110,14 @@ def _batched_tokens(args) -> int:
 
 
 def _loss_chunk(args) -> int:
-    """``--loss-chunk``: yarnlib finetune's ``--chunk-size``; the other engines fix their own."""
-    if args.loss_chunk is None:
+    """``--loss-chunk``: yarnlib finetune's ``--chunk-size`` (for swift, ms-swift's
+    ``CELOSS_PARALLEL_SIZE``: ``sp_loss_chunk``); the other engines fix their own."""
+    if args.loss_chunk is None or args.engine == "swift":
         return planner.CHUNK
     if args.engine != "finetune":
         raise ValueError(
             f"loss_chunk: {args.engine} sets its own loss chunking (verl's fused kernels, "
-            "Liger in TRL); allowed: --loss-chunk with --engine finetune"
+            "Liger in TRL); allowed: --loss-chunk with --engine finetune or swift"
         )
     return args.loss_chunk
 
@@ -157,6 +160,8 @@ def report(setup: planner.Setup) -> dict:
         "fits": plan.fits,
         "problems": plan.problems,
     }
+    if s.engine in ("sft", "swift"):
+        out["chosen"]["optim"] = s.optim
     if plan.kv is not None:
         out["chosen"]["gpu_memory_utilization"] = plan.utilization
         out["rollout"] = {
@@ -172,6 +177,8 @@ def report(setup: planner.Setup) -> dict:
             out["accelerate"] = fragments.accelerate(plan)
         if s.engine == "finetune":
             out["command"] = fragments.finetune_command(plan)
+        if s.engine == "swift":
+            out["command"] = fragments.swift_command(plan)
     else:
         out["suggestions"] = planner.suggestions(setup)
     advice = rope.hint(shape.rope, s.context)
@@ -213,7 +220,10 @@ def format_report(r: dict) -> str:
         )
     if "rope" in r:
         lines.append(f"rope: {r['rope']}")
-    if r["fits"]:
+    if r["fits"] and run["engine"] == "swift":  # its settings are its command line
+        lines += ["fits: yes", "", "# ms-swift (MODEL: the folder yarnlib config wrote)"]
+        lines.append(r["command"])
+    elif r["fits"]:
         lines += ["fits: yes", "", f"# {run['engine']} settings (merge into your recipe)"]
         lines.append(yaml.safe_dump(r["fragment"], sort_keys=False).rstrip())
         if "accelerate" in r:
@@ -235,7 +245,13 @@ def run(args) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_argument(p, "model")  # also a config.json file
-    p.add_argument("--engine", choices=planner.ENGINES, default="verl")
+    p.add_argument(
+        "--engine",
+        choices=planner.ENGINES,
+        default="verl",
+        help="GRPO: verl, easyr1, trl; fine-tuning: finetune (yarnlib finetune), sft (TRL's "
+        "SFTTrainer), swift (ms-swift's swift sft)",
+    )
     p.add_argument("--context", type=int, default=None, help="tokens per sequence")
     p.add_argument("--prompt", type=int, default=None, help="prompt tokens (GRPO)")
     p.add_argument("--response", type=int, default=None, help="response tokens (GRPO)")
@@ -253,18 +269,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=planner.BACKENDS,
         default=None,
         help="finetune: FSDP2 (default) or DeepSpeed ZeRO-3 (--offload: its CPU offload); "
-        "sft: deepspeed",
+        "sft, swift: deepspeed",
     )
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch per GPU")
     p.add_argument(
-        "--loss-chunk", type=int, default=None, help="finetune: loss chunk in tokens (1024)"
+        "--loss-chunk",
+        type=int,
+        default=None,
+        help="finetune: loss chunk in tokens (1024); swift: CELOSS_PARALLEL_SIZE, ms-swift's "
+        "chunked sequence-parallel loss (unchunked)",
     )
     p.add_argument(
         "--lora",
         type=int,
         default=None,
         metavar="RANK",
-        help="finetune under DeepSpeed: LoRA of this rank on q, k, v, o (frozen base)",
+        help="sft, swift, finetune under DeepSpeed: LoRA of this rank on q, k, v, o (swift: "
+        "every linear layer) of a frozen base",
+    )
+    p.add_argument(
+        "--optim",
+        choices=planner.OPTIMIZERS,
+        default=None,
+        help="sft, swift: transformers' optimizer (default adamw_torch_fused; adamw_torch is "
+        "for-each, its default before torch 2.8, one more fp32 copy at the ZeRO-3 step)",
     )
     p.add_argument(
         "--activation-offload",

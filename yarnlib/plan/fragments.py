@@ -1,13 +1,14 @@
 """A plan as the settings of the engine that runs it: verl and EasyR1 YAML, TRL's GRPOConfig
-fields, an accelerate config for ``yarnlib finetune``. Merge a fragment into the recipe
-(``examples/``); the RoPE itself comes from the rewritten config.json (``yarnlib config``)."""
+fields, an accelerate config for ``yarnlib finetune``, ms-swift's ``swift sft`` arguments.
+Merge a fragment into the recipe (``examples/``); the RoPE itself comes from the rewritten
+config.json (``yarnlib config``)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from yarnlib.plan import rope
+from yarnlib.plan import planner, rope
 from yarnlib.plan.planner import Plan
 
 
@@ -213,6 +214,7 @@ def sft(plan: Plan) -> dict[str, Any]:
     s = plan.setup
     fields = {
         **_trainer_fields(plan),
+        "optim": s.optim,  # what the plan's optimizer step counts, whatever torch's default
         "max_length": s.context,
         "pad_to_multiple_of": plan.sp,  # Ulysses splits every sequence into sp equal parts
     }
@@ -243,6 +245,53 @@ def finetune_command(plan: Plan) -> str:
     )
 
 
+def swift(plan: Plan) -> dict[str, Any]:
+    """ms-swift's ``swift sft`` (4.x): its command-line arguments and the environment it reads
+    (``NPROC_PER_NODE``, ``NNODES``; ``CELOSS_PARALLEL_SIZE``, the chunk of its
+    sequence-parallel loss). No ``--rope_scaling``: MODEL is the folder ``yarnlib config``
+    wrote, whose config.json carries the scaling."""
+    s = plan.setup
+    env = {"NPROC_PER_NODE": s.gpus}
+    if s.nodes > 1:
+        env["NNODES"] = s.nodes
+    if s.sp_loss_chunk and plan.sp > 1:
+        env["CELOSS_PARALLEL_SIZE"] = s.sp_loss_chunk
+    arguments = {
+        "tuner_type": "lora" if s.lora_rank else "full",
+        "torch_dtype": "bfloat16",
+        "per_device_train_batch_size": s.micro_batch,
+        "max_length": s.context,
+        "attn_impl": SWIFT_ATTENTION[s.attn],
+        "gradient_checkpointing": s.checkpointing,
+        "deepspeed": planner.SWIFT_DEEPSPEED[plan.offload],
+        "sequence_parallel_size": plan.sp,
+        "use_liger_kernel": s.logits_mode == "chunked",
+        "optim": s.optim,
+    }
+    if s.lora_rank:
+        arguments |= {"lora_rank": s.lora_rank, "target_modules": "all-linear"}
+    return {"env": env, "arguments": arguments}
+
+
+def swift_command(plan: Plan) -> str:
+    fragment = swift(plan)
+    env = [f"{k}={v}" for k, v in fragment["env"].items()]
+    if plan.setup.nodes > 1:
+        env += ["NODE_RANK=RANK", "MASTER_ADDR=ADDR"]
+    flags = [f"--{k} {str(v).lower() if isinstance(v, bool) else v}"
+             for k, v in fragment["arguments"].items()]  # fmt: skip
+    return " ".join([*env, "swift sft --model MODEL --dataset DATA --output_dir OUT", *flags])
+
+
 # attn_implementation of DeepSpeed's Ulysses (accelerate's sp_attn_implementation)
 ULYSSES_ATTENTION = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "sdpa"}
-RENDERERS = {"verl": verl, "easyr1": easyr1, "trl": trl, "finetune": accelerate, "sft": sft}
+# ms-swift's --attn_impl
+SWIFT_ATTENTION = {"flash": "flash_attn", "sdpa": "sdpa", "eager": "eager"}
+RENDERERS = {
+    "verl": verl,
+    "easyr1": easyr1,
+    "trl": trl,
+    "finetune": accelerate,
+    "sft": sft,
+    "swift": swift,
+}

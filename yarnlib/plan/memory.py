@@ -170,6 +170,22 @@ def logits_bytes(shape: ModelShape, rows: int, p: Precision) -> int:
     return 12 * rows * shape.vocab_size
 
 
+def bf16_loss_bytes(shape: ModelShape, rows: int, chunk: int, p: Precision) -> int:
+    """Peak of ms-swift's sequence-parallel loss over ``rows`` local positions, in its backward:
+    ``CrossEntropyLoss(reduction='none')`` of the logits in the compute dtype, no float32 copy
+    (``per_token_loss_func_sp``). Unchunked: the log-softmax output kept for backward, its
+    incoming grad and the logits' grad (the logits themselves are freed with the model's
+    output): 3 tensors of rows × vocab. With ``chunk`` (``CELOSS_PARALLEL_SIZE``, its
+    ``ChunkedCrossEntropyLoss``): the logits it keeps and the grad buffer it fills, whole, plus
+    the same 3 tensors per chunk, beside the previous chunk's grad (held until the loop rebinds
+    it). Traced on real steps in ``tests/test_plan_terms.py``."""
+    vocab = p.compute * shape.vocab_size
+    if not chunk:
+        return 3 * rows * vocab
+    first, second = min(chunk, rows), min(chunk, max(0, rows - chunk))
+    return (2 * rows + max(3 * first, 3 * second + first)) * vocab
+
+
 def cached_logits_bytes(shape: ModelShape, rows: int, p: Precision) -> int:
     """What CUDA's caching allocator reserves beyond the live tensors at the loss backward when
     the loss runs over all ``rows`` in one piece (transformers' loss, torchtitan's): the

@@ -7,7 +7,8 @@ sleeps while the actor trains, and the actor's states stay on the GPU while vLLM
     rollout   actor states + reference + vLLM's gpu_memory_utilization share
     log-prob  actor states + reference + FSDP working copies + a forward without grad
     update    actor states + grads + FSDP working copies + activations of one micro-batch
-    step      (DeepSpeed ZeRO-3, optimizer on the GPU) states + the fp32 grads of one sub-group
+    step      (DeepSpeed ZeRO-3, optimizer on the GPU) states + one sub-group's grads as the
+              step copies them, and AdamW's temporaries
 
 ``yarnlib finetune`` has the update phase only; TRL's colocated vLLM sleeps through the update
 as well (``vllm_enable_sleep_mode`` in the fragment).
@@ -23,10 +24,11 @@ from yarnlib.plan import memory, parallel, rollout
 from yarnlib.plan.shapes import ModelShape
 
 GIB = 1024**3
-ENGINES = ("verl", "easyr1", "trl", "finetune", "sft")
-# update phase only: yarnlib finetune, and TRL's SFTTrainer under accelerate with DeepSpeed
-# ZeRO-3 and Ulysses sequence parallel (accelerate's parallelism_config sp, DeepSpeed ALST)
-TRAINING = ("finetune", "sft")
+ENGINES = ("verl", "easyr1", "trl", "finetune", "sft", "swift")
+# update phase only: yarnlib finetune, TRL's SFTTrainer under accelerate with DeepSpeed ZeRO-3
+# and Ulysses sequence parallel (accelerate's parallelism_config sp, DeepSpeed ALST), and
+# ms-swift's `swift sft` (DeepSpeed ZeRO-3, its own Ulysses)
+TRAINING = ("finetune", "sft", "swift")
 OFFLOAD = ("none", "optimizer", "all")  # optimizer states; then weights and grads as well
 BACKENDS = ("fsdp", "deepspeed")  # the actor's sharding: FSDP2, or DeepSpeed ZeRO-3
 GRPO = ("verl", "easyr1", "trl")
@@ -35,6 +37,11 @@ CHUNK = 1024  # tokens per loss chunk (yarnlib finetune --chunk-size, verl's fus
 # DeepSpeed's zero_optimization.sub_group_size default: ZeRO-3 steps its fp32 partition in
 # sub-groups of this many parameters, each with an fp32 copy of its grads made for the step
 SUB_GROUP = 10**9
+SWIFT_LOSS_CHUNK = 2048  # the CELOSS_PARALLEL_SIZE of ms-swift's sequence-parallel examples
+# ms-swift's --deepspeed presets by offload: optimizer and parameters go to CPU together
+SWIFT_DEEPSPEED = {"none": "zero3", "all": "zero3_offload"}
+OPTIMIZERS = ("adamw_torch_fused", "adamw_torch")  # transformers' `optim` the plan knows
+ZERO3_STEP = "ZeRO-3 step: one sub-group's fp32 grads and copies"
 # what stays on the GPU between phases
 RESIDENT = (
     "actor weights (fp32, sharded)",
@@ -80,6 +87,8 @@ class Setup:
     activation_offload: bool = False  # verl's enable_activation_offload, TRL SFTConfig's
     # activation_offloading
     lora_rank: int = 0  # finetune --lora --lora-rank (0: full fine-tuning)
+    sp_loss_chunk: int = 0  # ms-swift's CELOSS_PARALLEL_SIZE (swift, sp > 1); 0: unchunked
+    optim: str = "adamw_torch_fused"  # transformers' `optim` (sft, swift), its default
 
     @property
     def world(self) -> int:
@@ -100,14 +109,24 @@ class Setup:
     def logits_mode(self) -> str:
         # verl: use_fused_kernels; EasyR1 and TRL (without Liger) take log-probs of full logits
         # SFTTrainer: transformers' loss over the full logits unless use_liger_kernel
-        full = ("easyr1", "trl", "sft")
+        full = ("easyr1", "trl", "sft", "swift")
         return self.logits or ("full" if self.engine in full else "chunked")
 
     @property
     def liger(self) -> bool:
-        """TRL's chunked loss is Liger (``use_liger_kernel``), which swaps in Liger's RMSNorm
-        and SwiGLU as well as its fused linear cross-entropy."""
-        return self.engine in ("trl", "sft") and self.logits_mode == "chunked"
+        """TRL's and ms-swift's chunked loss is Liger (``use_liger_kernel``), which swaps in
+        Liger's RMSNorm and SwiGLU as well as its fused linear cross-entropy."""
+        return self.engine in ("trl", "sft", "swift") and self.logits_mode == "chunked"
+
+    @property
+    def trained_params(self) -> int:
+        """The adapter's parameters under LoRA (ms-swift targets every linear layer, the
+        others q, k, v and o), else 0."""
+        return self.shape.lora_params(self.lora_rank, mlp=self.engine == "swift")
+
+    def swift_sp_loss(self, sp: int) -> bool:
+        """ms-swift with Ulysses takes its own loss over the bf16 logits, Liger's or not."""
+        return self.engine == "swift" and sp > 1
 
 
 @dataclass
@@ -165,7 +184,7 @@ def _zero3_states(s: Setup, offload: str) -> dict[str, int]:
     weights too. Plus the largest module gathered with its grads, 4 bytes per parameter (for
     these models the embedding or the output head). With LoRA the base is frozen: its bf16
     weights only, gathered without grads, and the master, moments and grads are the adapter's."""
-    params, trained = s.shape.params, s.shape.lora_params(s.lora_rank)
+    params, trained = s.shape.params, s.trained_params
     weights = 2 * (params + trained) // s.world if offload != "all" else 0
     on_gpu = (trained or params) // s.world if offload == "none" else 0
     largest = s.shape.largest_module_params
@@ -178,12 +197,19 @@ def _zero3_states(s: Setup, offload: str) -> dict[str, int]:
 
 
 def _zero3_step(s: Setup, offload: str) -> int:
-    """The fp32 grads ZeRO-3 makes of one sub-group's bf16 grads for its optimizer step (on the
-    GPU when the optimizer is), freed before the next sub-group's."""
+    """What ZeRO-3's optimizer step adds, one sub-group at a time (on the GPU when the optimizer
+    is; freed before the next sub-group's): DeepSpeed flattens the sub-group's bf16 grads into a
+    new tensor and copies that to fp32 (2 + 4 bytes per parameter at that moment,
+    ``_prepare_fp32_grad_for_sub_group``); then torch's for-each AdamW writes the square root of
+    the second moment into a new tensor beside the fp32 grads (4 + 4), where the fused kernel
+    updates in place (4). For-each: yarnlib finetune's ``torch.optim.AdamW`` (its default on
+    CUDA) and transformers' ``optim="adamw_torch"``; fused: ``adamw_torch_fused``, transformers'
+    default since torch 2.8. Measured on a real ZeRO-3 engine in tests/test_plan_setups.py."""
     if s.backend != "deepspeed" or offload != "none":
         return 0
-    partition = (s.shape.lora_params(s.lora_rank) or s.shape.params) // s.world
-    return 4 * min(partition, SUB_GROUP)
+    partition = (s.trained_params or s.shape.params) // s.world
+    foreach = s.engine == "finetune" or s.optim == "adamw_torch"
+    return (8 if foreach else 6) * min(partition, SUB_GROUP)
 
 
 def _tokens(s: Setup, sp: int, cp: int) -> int:
@@ -210,7 +236,11 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
         liger=s.liger,
     )
     rows = min(chunk or head_rows, head_rows)
-    acts = replace(acts, head=memory.logits_bytes(s.shape, rows, p))
+    if s.swift_sp_loss(sp):
+        head = memory.bf16_loss_bytes(s.shape, head_rows, s.sp_loss_chunk, p)
+    else:
+        head = memory.logits_bytes(s.shape, rows, p)
+    acts = replace(acts, head=head)
     if cp > 1:  # ring attention all-gathers K and V of the whole sequence, forward and backward
         gathered = 2 * 2 * s.context * s.shape.kv_width * p.compute
         acts = replace(acts, backward=acts.backward + gathered)
@@ -225,9 +255,10 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
     plan.phases["update"] = update + s.reserve
     step = _zero3_step(s, offload)
     if step:  # the activations are freed by then; the states and grads are not
-        lines["ZeRO-3 step: fp32 grads of one sub-group"] = step
+        lines[ZERO3_STEP] = step
         plan.phases["optimizer step"] = resident + step + s.reserve
-    if s.engine in TRAINING and s.logits_mode == "full":
+    # transformers' loss only: ms-swift's bf16 grads reuse the freed logits block
+    if s.engine in TRAINING and s.logits_mode == "full" and not s.swift_sp_loss(sp):
         cached = memory.cached_logits_bytes(s.shape, rows, p)
         lines[CACHED_LOGITS] = cached
         # beside the loss head's peak only: the layers' backward reuses the cached block
@@ -275,7 +306,7 @@ def _check(plan: Plan) -> None:
 
 
 def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
-    ulysses = s.engine in ("verl", "easyr1", "sft")
+    ulysses = s.engine in ("verl", "easyr1", "sft", "swift")
     if s.sp is not None:
         parallel.check_ulysses(s.shape, s.sp, s.world)
         if s.sp > 1 and not ulysses:
@@ -298,6 +329,8 @@ def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
     if s.engine in TRAINING:
         tps = [1]
     offloads = [s.offload] if s.offload else list(OFFLOAD)
+    if s.engine == "swift":  # its DeepSpeed presets: zero3 and zero3_offload
+        offloads = [o for o in offloads if o in SWIFT_DEEPSPEED]
     return sps, cps, tps, offloads
 
 
@@ -306,7 +339,8 @@ def _check_engine_settings(s: Setup) -> None:
     if s.lora_rank and (s.engine not in TRAINING or s.backend != "deepspeed"):
         raise ValueError(
             "lora: planned under DeepSpeed ZeRO-3 (yarnlib finetune refuses --lora under "
-            "FSDP); allowed: --lora with --engine sft, or --engine finetune --backend deepspeed"
+            "FSDP); allowed: --lora with --engine sft or swift, or --engine finetune --backend "
+            "deepspeed"
         )
     if s.activation_offload and s.engine not in ("verl", "sft"):
         raise ValueError(
@@ -317,6 +351,24 @@ def _check_engine_settings(s: Setup) -> None:
         raise ValueError(
             "backend: sft runs Ulysses through DeepSpeed (accelerate's parallelism_config "
             "sp backend); allowed: deepspeed"
+        )
+    if s.engine == "swift" and s.backend != "deepspeed":
+        raise ValueError("backend: swift is planned under its DeepSpeed ZeRO-3; allowed: deepspeed")
+    if s.engine == "swift" and s.offload not in (None, *SWIFT_DEEPSPEED):
+        raise ValueError(
+            f"offload: {s.offload!r} has no ms-swift DeepSpeed preset (zero3_offload offloads "
+            "the parameters with the optimizer); allowed: none (--deepspeed zero3), all "
+            "(--deepspeed zero3_offload)"
+        )
+    if s.optim != OPTIMIZERS[0] and s.engine not in ("sft", "swift"):
+        raise ValueError(
+            f"optim: {s.engine} does not take transformers' optim (yarnlib finetune runs "
+            "torch.optim.AdamW, for-each on CUDA); allowed: --optim with --engine sft or swift"
+        )
+    if s.sp_loss_chunk and s.engine != "swift":
+        raise ValueError(
+            f"loss_chunk: {s.engine} sets its own loss chunking; allowed: --loss-chunk with "
+            "--engine finetune or swift"
         )
     if s.backend == "fsdp":
         return
@@ -355,7 +407,15 @@ def suggestions(s: Setup) -> list[str]:
             found.append("offload weights, grads and optimizer states to CPU (--offload all)")
     if s.logits_mode == "full" and s.engine != "easyr1":
         if choose(replace(s, logits="chunked")).fits:
-            found.append("compute the loss in chunks (--logits chunked)")
+            # ms-swift with Ulysses keeps its own loss: Liger's kernels in the layers only
+            what = "use Liger's kernels" if s.engine == "swift" else "compute the loss in chunks"
+            found.append(f"{what} (--logits chunked)")
+    if s.engine == "swift" and not s.sp_loss_chunk and s.sp != 1:
+        if choose(replace(s, sp_loss_chunk=SWIFT_LOSS_CHUNK)).fits:
+            found.append(
+                "chunk ms-swift's sequence-parallel loss "
+                f"(--loss-chunk {SWIFT_LOSS_CHUNK}: CELOSS_PARALLEL_SIZE)"
+            )
     for nodes in (s.nodes * 2, s.nodes * 4):
         if choose(replace(s, nodes=nodes)).fits:
             found.append(f"more GPUs: {nodes} nodes × {s.gpus} (--nodes {nodes})")

@@ -100,11 +100,16 @@ class ModelShape:
             mlp *= 3 * self.num_experts
         return max(self.embedding_params, mlp, self.hidden_size * self.q_width)
 
-    def lora_params(self, rank: int) -> int:
+    def lora_params(self, rank: int, mlp: bool = False) -> int:
         """Adapter parameters of rank ``rank`` on q, k, v and o of every layer (yarnlib
-        finetune's default ``--lora-targets``): r × (fan-in + fan-out) per projection."""
+        finetune's default ``--lora-targets``), and with ``mlp`` on gate, up and down as well
+        (every linear layer of the decoder: peft's and ms-swift's ``all-linear``; on a MoE
+        model each expert's, as transformers 4.x keeps them, linear modules): r × (fan-in +
+        fan-out) per projection."""
         h, q, kv = self.hidden_size, self.q_width, self.kv_width
         per_layer = rank * ((h + q) + 2 * (h + kv) + (q + h))
+        if mlp:
+            per_layer += 3 * rank * (h + self.intermediate_size) * max(1, self.num_experts)
         return self.num_hidden_layers * per_layer
 
     @property
