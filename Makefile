@@ -19,7 +19,8 @@ venv: $(STAMP)
 # verl (its config code checks the verl recipe) pins transformers<5.11 and CUDA torch: without
 # its dependencies, plus the few its config modules import. DeepSpeed (the plan's ZeRO-3 states
 # are checked against a real engine on the CPU) likewise, its ops built on first use; and
-# ms-swift (its parser reads the plan's `swift sft` command; its chunked loss is traced).
+# ms-swift (its parser reads the plan's `swift sft` command; its chunked loss is traced) into a
+# folder of its own: its vLLM plugin would load in every vLLM engine (tests/ms_swift.py).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt "torch==2.13.0"
@@ -28,7 +29,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q --no-deps -c constraints.txt verl hydra-core omegaconf \
 		antlr4-python3-runtime ray msgpack tensordict pyvers orjson codetiming
 	$(PIP) install -q --no-deps -c constraints.txt deepspeed hjson ninja py-cpuinfo
-	$(PIP) install -q --no-deps -c constraints.txt ms-swift modelscope modelscope-hub json-repair
+	$(PIP) install -q --no-deps -c constraints.txt --target $(VENV)/swift \
+		ms-swift modelscope modelscope-hub json-repair
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 from benchmark_scripts import BENCHMARKS, load
+from ms_swift import run_with_swift
 from test_plan import MOE_ON_4, QWEN3_8B, QWEN3_30B_A3B, QWEN25_7B, _plan
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -371,9 +372,9 @@ def test_sft_settings_it_does_not_run(tmp_path, capsys, argv, field):
     assert code == 2 and f"error: {field}" in out.err and "allowed" in out.err
 
 
-# ms-swift's own parser, in a child process (importing ms-swift patches transformers): its
-# `swift sft` arguments as the plan prints them, with --use_cpu (transformers refuses bf16 on a
-# machine without a GPU) and the model type and template a folder with only config.json needs
+# ms-swift's own parser, in a child process (tests/ms_swift.py): its `swift sft` arguments as the
+# plan prints them, with --use_cpu (transformers refuses bf16 on a machine without a GPU) and the
+# model type and template a folder with only config.json needs
 SWIFT_PARSE = """
 import json, sys
 from swift.arguments import SftArguments
@@ -399,7 +400,6 @@ print(json.dumps({
     ],
 )
 def test_swift_command_read_by_ms_swift(tmp_path, capsys, argv, offload):
-    pytest.importorskip("swift.arguments")
     base = ["--engine", "swift", "--context", "65536", "--gpus", "4", "--gpu-memory", "80GiB"]
     code, out = _plan(tmp_path, capsys, QWEN25_7B, *base, *argv, "--loss-chunk", "2048", "--json")
     report = json.loads(out.out)
@@ -414,11 +414,7 @@ def test_swift_command_read_by_ms_swift(tmp_path, capsys, argv, offload):
     if liger and not _importable("liger_kernel"):  # ms-swift asserts liger-kernel is there
         flags[flags.index("--use_liger_kernel") + 1] = "false"
     extra = ["--model_type", "qwen2", "--template", "qwen2_5", "--use_cpu", "true"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", SWIFT_PARSE, *flags, *extra],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
-    )  # fmt: skip
+    done = run_with_swift(["-c", SWIFT_PARSE, *flags, *extra], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     parsed = json.loads(done.stdout.strip().splitlines()[-1])
     lora = "--lora" in argv

@@ -3,8 +3,12 @@ noticing, each against a hand formula written out here (issue 52): ring attentio
 gathers with context parallelism, the MLP's share of vLLM's tensor-parallel rule, and the loss
 head over a sequence shorter than a loss chunk."""
 
+from pathlib import Path
+
 import pytest
 import torch
+from loss_peak import loss_peak
+from ms_swift import run_with_swift
 from test_plan import QWEN3_8B, QWEN25_7B
 from tiny_models import tiny_config
 from transformers import AutoModelForCausalLM
@@ -192,28 +196,6 @@ def test_full_logits_leave_their_forward_block_cached():
     assert chunked < full
 
 
-def _loss_peak(loss_of, rows: int = 1024, vocab: int = 32768) -> int:
-    """Allocated peak of a step through an output head in bf16 and ``loss_of(logits, labels)``
-    (per-row losses), the step's allocations traced on CPU and replayed through the allocator's
-    rules (tests/caching_allocator.py). The logits are the step's and dropped before backward,
-    as a model's output is; the head's grads exist from an earlier step, as in training."""
-    from caching_allocator import replay, trace
-
-    torch.manual_seed(0)
-    hidden = torch.randn(rows, 64, dtype=torch.bfloat16, requires_grad=True)
-    head = torch.randn(vocab, 64, dtype=torch.bfloat16, requires_grad=True)
-    labels = torch.randint(0, vocab, (rows,))
-
-    def step():
-        logits = hidden @ head.t()
-        loss = loss_of(logits, labels)
-        del logits
-        loss.sum().backward()
-
-    step()
-    return replay(trace(step)).peak_allocated
-
-
 def test_ms_swift_sequence_parallel_loss_keeps_bf16_tensors_only():
     """ms-swift's sequence-parallel loss is ``CrossEntropyLoss(reduction='none')`` of the bf16
     logits (``per_token_loss_func_sp``): 3 bf16 tensors of rows × vocab at its peak, where
@@ -222,22 +204,22 @@ def test_ms_swift_sequence_parallel_loss_keeps_bf16_tensors_only():
     p = memory.PRECISIONS["bf16-fsdp"]
     planned = memory.bf16_loss_bytes(shape, 1024, 0, p)
     assert planned == 6 * 1024 * 32768
-    peak = _loss_peak(lambda logits, labels: torch.nn.CrossEntropyLoss(reduction="none")(
+    peak = loss_peak(lambda logits, labels: torch.nn.CrossEntropyLoss(reduction="none")(
         logits, labels))  # fmt: skip
     assert planned <= peak <= planned + 2**20
 
 
 @pytest.mark.parametrize("chunk, per_entry", [(128, 5), (256, 6), (1024, 10)])
-def test_ms_swift_chunked_loss_is_its_own_chunked_cross_entropy(chunk, per_entry):
+def test_ms_swift_chunked_loss_is_its_own_chunked_cross_entropy(tmp_path, chunk, per_entry):
     """``CELOSS_PARALLEL_SIZE``: ms-swift's own ``ChunkedCrossEntropyLoss`` (4.6) keeps the
     bf16 logits and fills a grad buffer of their size, whole, plus a few chunks; a chunk as long
     as the local rows is worse than none (10 bytes per row and vocabulary entry against 6)."""
-    utils = pytest.importorskip("swift.sequence_parallel.utils")
     shape = shape_from_config(tiny_config(vocab_size=32768).to_dict())
     planned = memory.bf16_loss_bytes(shape, 1024, chunk, memory.PRECISIONS["bf16-fsdp"])
     assert planned == per_entry * 1024 * 32768
-    peak = _loss_peak(lambda logits, labels: utils.ChunkedCrossEntropyLoss.apply(
-        logits, labels, chunk))  # fmt: skip
+    done = run_with_swift([str(Path(__file__).parent / "loss_peak.py"), str(chunk)], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = int(done.stdout.strip().splitlines()[-1])
     assert planned <= peak <= planned + 2**20
 
 
