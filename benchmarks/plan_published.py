@@ -90,6 +90,17 @@ def alst_row(recipe: str, setup: str, measured: float | None, flags: str) -> tup
 HF_MEASURED = [(8192, 76.4, 1), (8192, 23.4, 4), (32768, 35.0, 4), (65536, 50.5, 4)]
 HF_MEASURED += [(98304, 66.0, 4), (131072, None, 4)]
 SWIFT_SFT = f"--engine swift --gpus 4 --gpu-memory {A100} --offload none --optim adamw_torch"
+# TRL's long-context guide and its example (SFT at 1M tokens with FSDP2 and context parallel)
+TRL_GUIDE = "https://huggingface.co/docs/trl/en/long_context_training"
+TRL_1M = "https://github.com/huggingface/trl/blob/2c42f6659f78287d94e54eea18628ab33d836b07/"
+TRL_1M += "examples/sft_qwen3_8b_1m_context/sft_qwen3_8b_1m_context.py"
+TRL_MISSING = (
+    "TRL on FSDP2 with context parallel (the sft engine plans TRL on DeepSpeed with Ulysses), "
+    "transformers' checkpoint offload there, and TRL's own loss (since 1.15 a fused LM head: "
+    "6 bytes × (rows + vocabulary) × hidden)"
+)
+TRL_CLOSEST = "--engine finetune --cp {0} --context 1048576 --gpu-memory 79GiB --offload none"
+TRL_CLOSEST += " --logits chunked"
 SWIFT_512K = (
     f"--engine swift --sp 8 --context 512000 --gpus 8 --gpu-memory {A100} --offload all "
     "--lora 8 --logits chunked --loss-chunk 2048"
@@ -208,7 +219,35 @@ NOT_EXPRESSED = [
         "8 * 80GiB', the card's whole memory: an outcome (it ran), not a peak",
         "ran",
         "ms-swift 3.x's chunked loss, which wrote its grads over the saved logits; the 4.6.0 "
-        f"the plan knows keeps a grad buffer beside them (`{SWIFT_512K}`: {{swift_512k}})",
+        "the plan knows keeps a grad buffer beside them",
+        (QWQ_32B, SWIFT_512K, "80GiB"),
+    ),
+    (
+        TRL_1M,
+        "Qwen3-8B full SFT (TRL SFTTrainer), 1048576, 8×H100 80GB, FSDP2 with context parallel 8 "
+        "(accelerate), checkpointing with transformers' `offload` (checkpoints in host memory), "
+        "TRL's own chunked loss, batch 1, YaRN ×32: the run the issue cites",
+        "56.2 GB",
+        TRL_MISSING,
+        (QWEN3_8B, TRL_CLOSEST.format(8) + " --gpus 8", "79GiB"),
+    ),
+    (
+        TRL_GUIDE,
+        "Qwen3-4B full SFT (TRL SFTTrainer), 1048576, 4×H100 80GB, FSDP2 with context parallel 4, "
+        "checkpointing with `offload`, TRL's own chunked loss, YaRN (the guide: 'needs 63.6 GB', "
+        "allocated: it 'still fails' without expandable segments)",
+        "63.6 GB",
+        TRL_MISSING,
+        (QWEN3_4B, TRL_CLOSEST.format(4) + " --gpus 4", "79GiB"),
+    ),
+    (
+        TRL_GUIDE,
+        "Qwen3-4B full SFT (TRL SFTTrainer), 96k, 1×H100 80GB, checkpointing, TRL's own chunked "
+        "loss, without and with the checkpoints offloaded",
+        "59.9 GB; 48.8 GB",
+        "one GPU with the model loaded in bf16 keeps bf16 weights, grads and AdamW moments (the "
+        "guide's 30 GB for 'the model and its optimizer'), no fp32 master; TRL's own loss",
+        None,
     ),
     (
         SWIFT.format(SWIFT_JUL3, "long_text/ring_attention/sequence_parallel_256k.sh"),
@@ -317,10 +356,12 @@ def table() -> str:
         lines.append(
             f"| {_link(url)} | {setup} | {measured} | superseded by {successor} | — | — | — |"
         )
-    _, qwq, qwq_fits = planned(QWQ_32B, SWIFT_512K)
-    swift_512k = f"{qwq / GIB:.1f} GiB, {'fits' if qwq_fits else 'does not fit'} on 80"
-    for url, setup, measured, missing in NOT_EXPRESSED:
-        missing = missing.format(swift_512k=swift_512k)
+    for url, setup, measured, missing, *closest in NOT_EXPRESSED:  # closest: flags that run
+        if closest and closest[0]:
+            config, flags, card = closest[0]
+            _, total, fits = planned(config, flags)
+            verdict = "fits" if fits else "does not fit"
+            missing += f"; closest, `{flags}`: {total / GIB:.1f} GiB, {verdict} on {card}"
         lines.append(
             f"| {_link(url)} | {setup} | {measured} | not expressible: {missing} | — | — | — |"
         )
