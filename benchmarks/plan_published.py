@@ -79,6 +79,7 @@ def hf_row(length: int, measured: float | None, sp: int, offload: str) -> tuple:
         setup += " (the blog: 'requires ~81 GB')"
     flags = f"--engine sft --context {length} --gpus {gpus} --gpu-memory {H100} --offload {offload}"
     flags += f" --sp {sp}" if sp > 1 else ""
+    flags += OLD_TRL
     outcome = "ran" if measured else "OOM"
     return HF_BLOG, setup, measured and int(measured * GIB), UNSTATED, outcome, QWEN3_4B, flags
 
@@ -105,8 +106,12 @@ SWIFT_512K = (
     f"--engine swift --sp 8 --context 512000 --gpus 8 --gpu-memory {A100} --offload all "
     "--lora 8 --logits chunked --loss-chunk 2048"
 )
-ALST_1 = "--engine sft --gpus 1 --sp 1 --offload all"
+# the TRL loss before 1.13 (transformers' over the full logits, or Liger's): the blog (March 2026)
+# ran such a TRL, and ArcticTraining's loss is one of the two; any version below 1.13 plans alike
+OLD_TRL = " --trl-version 1.12"
+ALST_1 = "--engine sft --gpus 1 --sp 1 --offload all" + OLD_TRL
 ALST_8 = f"--engine sft --gpus 8 --gpu-memory {H100} --offload optimizer --logits chunked"
+ALST_8 += OLD_TRL
 # (source, setup, measured bytes or None, what the figure is, outcome, config.json, flags)
 ROWS = [
     (
@@ -389,7 +394,7 @@ def hf_blog_fit() -> str:
         plan = []
         for n, _ in measured:
             flags = f"--engine sft --context {n * 4} --gpus 4 --gpu-memory {H100} "
-            plan.append((n, planned(QWEN3_4B, flags + f"--offload {offload} --sp 4")[1]))
+            plan.append((n, planned(QWEN3_4B, flags + f"--offload {offload} --sp 4" + OLD_TRL)[1]))
         p_slope, p_zero = linear_fit(plan)
         parts.append(f"planned, {what}: {p_slope / 1e6:.3f} MB, {p_zero / GIB:.1f} GiB")
     return "HF blog, sp 4: " + "; ".join(parts)

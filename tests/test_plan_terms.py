@@ -116,7 +116,7 @@ def test_liger_is_the_trl_engines_chunked_loss_only():
     for engine, logits, liger in [
         ("sft", "chunked", True),
         ("trl", "chunked", True),
-        ("sft", None, False),  # SFTTrainer's default: transformers' loss over the full logits
+        ("sft", None, False),  # SFTTrainer's default: TRL's own fused LM head, plain layers
         ("verl", "chunked", False),  # verl's own fused kernels, transformers' RMSNorm and MLP
         ("finetune", "chunked", False),  # yarnlib finetune's chunked loss
     ]:
@@ -223,6 +223,70 @@ def test_ms_swift_chunked_loss_is_its_own_chunked_cross_entropy(tmp_path, chunk,
     assert planned <= peak <= planned + 2**20
 
 
+def test_trl_fused_head_is_trls_own_chunked_logprob():
+    """TRL 1.15+'s SFT loss, its fused LM head (``ChunkedLogProbFunction``, traced on a real
+    step): float32 accumulators for the grads of the hidden states and the head's weight, cast
+    to bf16 beside them, 6 bytes per element of rows × hidden and vocabulary × hidden. On CPU
+    its tiles are folded by torch ops with float32 temporaries (the Triton kernel folds them in
+    place), so the trace runs narrow tiles and bounds them apart."""
+    kernel = pytest.importorskip("trl.kernels.chunked_logprob")
+    from caching_allocator import replay, trace
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    # the tile the plan adds: 4096 rows × 32768 vocabulary entries in bf16, TRL's own sizes
+    assert (kernel.TOKEN_CHUNK_SIZE, _CHUNKED_LOGPROB_CHUNK_SIZE) == (4096, 32768)
+    rows, hidden_size, vocab, narrow = 2048, 1024, 8192, 64
+    shape = shape_from_config(tiny_config(vocab_size=vocab, hidden_size=hidden_size).to_dict())
+    planned = memory.trl_fused_head_bytes(shape, rows)
+    assert planned == 6 * (rows + vocab) * hidden_size + 2 * rows * vocab
+    torch.manual_seed(0)
+    hidden = torch.randn(rows, hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(vocab, hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (rows,))
+
+    def step():
+        args = (hidden, weight, None, labels, 1.0, narrow, None, 1.0, ("log_probs",))
+        (-kernel.ChunkedLogProbFunction.apply(*args)[0].sum()).backward()
+
+    step()
+    peak = replay(trace(step)).peak_allocated
+    accumulators = 6 * (rows + vocab) * hidden_size
+    assert accumulators <= peak <= accumulators + 16 * 4 * rows * narrow
+
+
+def test_sft_plans_the_loss_of_its_trl_version():
+    shape = shape_from_config(QWEN25_7B)
+    setup = planner.Setup(shape, "sft", 32768, 4, 1, 80 * GIB, backend="deepspeed")
+    fused = planner.evaluate(setup, sp=1, cp=1, tp=1, offload="none")  # TRL 1.16, tested
+    assert setup.logits_mode == "fused" and not setup.liger and not fused.reserved
+    assert fused.lines[HEAD] == 6 * (32768 + 152064) * 3584 + 2 * 4096 * 32768
+    # use_liger_kernel on TRL 1.15+: Liger's layers, TRL's head (not Liger's 1024 rows)
+    liger = planner.evaluate(planner.replace(setup, logits="chunked"), 1, 1, 1, "none")
+    assert liger.lines[HEAD] == fused.lines[HEAD] and liger.lines[LAYER] < fused.lines[LAYER]
+    old = planner.replace(setup, trl_version=(1, 12))  # before 1.13: the full logits
+    full = planner.evaluate(old, 1, 1, 1, "none")
+    assert full.lines[HEAD] == 12 * 32768 * 152064 and full.reserved
+    old_liger = planner.evaluate(planner.replace(old, logits="chunked"), 1, 1, 1, "none")
+    assert old_liger.lines[HEAD] == 12 * 1024 * 152064
+
+
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--trl-version", "1.16", "--logits", "full"], "logits"),  # TRL 1.15+: no full logits
+        (["--trl-version", "1.14"], "trl_version"),  # chunked_nll: not modelled
+        (["--trl-version", "one"], "trl_version"),
+        (["--engine", "finetune", "--trl-version", "1.12"], "trl_version"),
+    ],
+)
+def test_trl_versions_it_does_not_plan(tmp_path, capsys, argv, field):
+    from test_plan import _plan
+
+    base = ["--engine", "sft", "--context", "16384", "--gpus", "4", "--gpu-memory", "80GiB"]
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *base, *argv)
+    assert code == 2 and f"error: {field}" in out.err and "allowed" in out.err
+
+
 def test_swift_with_ulysses_plans_its_own_loss():
     shape = shape_from_config(QWEN25_7B)
     setup = planner.Setup(shape, "swift", 65536, 4, 1, 80 * GIB, backend="deepspeed")
@@ -236,14 +300,16 @@ def test_swift_with_ulysses_plans_its_own_loss():
     assert chunked.lines[HEAD] == (2 * 16384 + 4 * 2048) * 2 * 152064
     # without Ulysses its loss is transformers' (or Liger's), as the sft engine plans it
     alone = planner.evaluate(setup, sp=1, cp=1, tp=1, offload="none")
-    sft = planner.evaluate(planner.replace(setup, engine="sft"), 1, 1, 1, "none")
+    sft = planner.evaluate(
+        planner.replace(setup, engine="sft", trl_version=(1, 12)), 1, 1, 1, "none"
+    )
     assert alone.lines == sft.lines and alone.reserved == sft.reserved
 
 
 @pytest.mark.parametrize("engine", ["sft", "finetune"])
 def test_the_plan_adds_the_cached_logits_to_the_reserved_total_only(engine):
     shape = shape_from_config(QWEN25_7B)
-    setup = planner.Setup(shape, engine, 16384, 4, 1, 80 * GIB, logits="full")
+    setup = planner.Setup(shape, engine, 16384, 4, 1, 80 * GIB, logits="full", trl_version=(1, 12))
     full = planner.evaluate(setup, 1, 1, 1, "none")
     cached = 2 * 16384 * 152064  # bf16 logits of 16384 rows
     assert full.lines[planner.CACHED_LOGITS] == cached
@@ -264,7 +330,7 @@ def test_the_cached_logits_do_not_decide_the_verdict():
     """The allocator frees its cached blocks and retries before it reports out of memory: a run
     whose live tensors fit fits, though nvidia-smi would show more than the GPU."""
     setup = planner.Setup(shape_from_config(QWEN25_7B), "sft", 16384, 4, 1, 80 * GIB,
-                          logits="full", offload="none", sp=1)  # fmt: skip
+                          logits="full", offload="none", sp=1, trl_version=(1, 12))  # fmt: skip
     plan = planner.evaluate(setup, 1, 1, 1, "none")
     between = planner.replace(
         setup, gpu_bytes=(plan.phases["update"] + plan.reserved["update"]) // 2

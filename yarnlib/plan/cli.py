@@ -90,6 +90,7 @@ def setup_from_args(args) -> planner.Setup:
         chunk=_loss_chunk(args),
         sp_loss_chunk=(args.loss_chunk or 0) if args.engine == "swift" else 0,
         optim=args.optim or planner.OPTIMIZERS[0],
+        trl_version=_trl_version(args.trl_version),
         activation_offload=args.activation_offload,
         lora_rank=args.lora or 0,
     )
@@ -107,6 +108,16 @@ def _batched_tokens(args) -> int:
             "--engine trl"
         )
     return args.max_num_batched_tokens
+
+
+def _trl_version(text: str | None) -> tuple[int, int]:
+    """``--trl-version MAJOR.MINOR`` (sft): the TRL whose loss the plan counts."""
+    if text is None:
+        return planner.TRL_TESTED
+    match = re.fullmatch(r"\s*(\d+)\.(\d+)(\.\d+)?\s*", text)
+    if not match:
+        raise ValueError(f"trl_version: {text!r} is not a version; allowed: MAJOR.MINOR, e.g. 1.16")
+    return int(match.group(1)), int(match.group(2))
 
 
 def _loss_chunk(args) -> int:
@@ -302,7 +313,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     p.add_argument("--attn", choices=ATTENTION, default=None, help="default flash (sdpa with cp)")
-    p.add_argument("--logits", choices=("chunked", "full"), default=None)
+    p.add_argument(
+        "--logits",
+        choices=("chunked", "full"),
+        default=None,
+        help="chunked: the engine's chunked loss (TRL, sft, swift: Liger's kernels); full: the "
+        "loss over the full logits",
+    )
+    p.add_argument(
+        "--trl-version",
+        default=None,
+        help="sft: the TRL whose loss is planned (default 1.16: its fused LM head since 1.15; "
+        "before 1.13 the full logits, or Liger's with --logits chunked)",
+    )
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
     p.add_argument(
         "--max-num-batched-tokens", type=int, default=None, help="vLLM's (verl, EasyR1): 8192"

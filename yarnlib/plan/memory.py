@@ -186,6 +186,17 @@ def bf16_loss_bytes(shape: ModelShape, rows: int, chunk: int, p: Precision) -> i
     return (2 * rows + max(3 * first, 3 * second + first)) * vocab
 
 
+def trl_fused_head_bytes(shape: ModelShape, rows: int) -> int:
+    """Peak of TRL's fused LM head (1.15 and later; ``ChunkedLogProbFunction``) over ``rows``
+    positions, in its backward: it recomputes the logits tile by tile (4096 rows × 32768
+    vocabulary entries in bf16) and accumulates the grads of the hidden states and of the head's
+    weight in float32, then casts both to bf16 beside them: 6 bytes per element of rows × hidden
+    and of vocabulary × hidden, plus the tile. Traced on a real step in
+    ``tests/test_plan_terms.py``."""
+    tile = 2 * min(rows, 4096) * min(shape.vocab_size, 32768)
+    return 6 * (rows + shape.vocab_size) * shape.hidden_size + tile
+
+
 def cached_logits_bytes(shape: ModelShape, rows: int, p: Precision) -> int:
     """What CUDA's caching allocator reserves beyond the live tensors at the loss backward when
     the loss runs over all ``rows`` in one piece (transformers' loss, torchtitan's): the

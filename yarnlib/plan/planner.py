@@ -37,6 +37,9 @@ CHUNK = 1024  # tokens per loss chunk (yarnlib finetune --chunk-size, verl's fus
 # DeepSpeed's zero_optimization.sub_group_size default: ZeRO-3 steps its fp32 partition in
 # sub-groups of this many parameters, each with an fp32 copy of its grads made for the step
 SUB_GROUP = 10**9
+TRL_TESTED = (1, 16)  # the TRL the sft fragment is checked with (constraints.txt)
+TRL_FUSED_HEAD = (1, 15)  # its SFT loss since: a fused LM head
+TRL_FULL_LOGITS = (1, 13)  # before it: transformers' loss over the full logits (or Liger's)
 SWIFT_LOSS_CHUNK = 2048  # the CELOSS_PARALLEL_SIZE of ms-swift's sequence-parallel examples
 # ms-swift's --deepspeed presets by offload: optimizer and parameters go to CPU together
 SWIFT_DEEPSPEED = {"none": "zero3", "all": "zero3_offload"}
@@ -89,6 +92,7 @@ class Setup:
     lora_rank: int = 0  # finetune --lora --lora-rank (0: full fine-tuning)
     sp_loss_chunk: int = 0  # ms-swift's CELOSS_PARALLEL_SIZE (swift, sp > 1); 0: unchunked
     optim: str = "adamw_torch_fused"  # transformers' `optim` (sft, swift), its default
+    trl_version: tuple[int, int] = TRL_TESTED  # the TRL an sft plan is for: its loss by version
 
     @property
     def world(self) -> int:
@@ -108,9 +112,18 @@ class Setup:
     @property
     def logits_mode(self) -> str:
         # verl: use_fused_kernels; EasyR1 and TRL (without Liger) take log-probs of full logits
-        # SFTTrainer: transformers' loss over the full logits unless use_liger_kernel
+        # SFTTrainer before TRL 1.15: transformers' loss over the full logits unless
+        # use_liger_kernel; since, TRL's fused LM head whatever use_liger_kernel says
+        if self.engine == "sft" and self.trl_fused_head:
+            return self.logits or "fused"
         full = ("easyr1", "trl", "sft", "swift")
         return self.logits or ("full" if self.engine in full else "chunked")
+
+    @property
+    def trl_fused_head(self) -> bool:
+        """TRL 1.15 and later compute the SFT loss with their own fused LM head
+        (``add_fused_lm_head``), whatever ``use_liger_kernel`` says."""
+        return self.engine == "sft" and self.trl_version >= TRL_FUSED_HEAD
 
     @property
     def liger(self) -> bool:
@@ -238,6 +251,8 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
     rows = min(chunk or head_rows, head_rows)
     if s.swift_sp_loss(sp):
         head = memory.bf16_loss_bytes(s.shape, head_rows, s.sp_loss_chunk, p)
+    elif s.trl_fused_head:
+        head = memory.trl_fused_head_bytes(s.shape, head_rows)
     else:
         head = memory.logits_bytes(s.shape, rows, p)
     acts = replace(acts, head=head)
@@ -364,6 +379,23 @@ def _check_engine_settings(s: Setup) -> None:
         raise ValueError(
             f"optim: {s.engine} does not take transformers' optim (yarnlib finetune runs "
             "torch.optim.AdamW, for-each on CUDA); allowed: --optim with --engine sft or swift"
+        )
+    if s.trl_version != TRL_TESTED and s.engine != "sft":
+        raise ValueError(
+            f"trl_version: the loss by TRL version is planned for sft, not {s.engine}; allowed: "
+            "--trl-version with --engine sft"
+        )
+    if s.engine == "sft" and TRL_FULL_LOGITS <= s.trl_version < TRL_FUSED_HEAD:
+        raise ValueError(
+            f"trl_version: {'.'.join(map(str, s.trl_version))} computes the SFT loss in chunks "
+            "of its own (chunked_nll), which the plan does not model; allowed: before 1.13 "
+            "(the full logits, or Liger's), 1.15 or later (its fused LM head)"
+        )
+    if s.trl_fused_head and s.logits == "full":
+        raise ValueError(
+            "logits: TRL 1.15 and later never make the full logits for the SFT loss (their fused "
+            "LM head does it in tiles); allowed: leave --logits out, chunked (Liger's kernels in "
+            "the layers), or --trl-version below 1.13"
         )
     if s.sp_loss_chunk and s.engine != "swift":
         raise ValueError(
