@@ -236,10 +236,11 @@ def test_activation_offload_keeps_two_layers_on_the_gpu():
     assert model["enable_activation_offload"] is True
 
 
-def test_sft_activation_offload_is_trls_activation_offloading(tmp_path, capsys):
-    """TRL's SFTConfig(activation_offloading=True) moves what autograd keeps (with
-    checkpointing, each layer's input) to CPU memory while the next layers compute: planned as
-    verl's, two layers' inputs on the GPU; the field is read by TRL's own SFTConfig."""
+def test_sft_activation_offload_is_transformers_checkpoint_offload(tmp_path, capsys):
+    """transformers' checkpoint offload (``gradient_checkpointing_kwargs={"offload": True}``,
+    which its Trainer passes to ``gradient_checkpointing_enable(offload=True)``: each layer's
+    input in pinned host memory) keeps two layers' inputs on the GPU, as verl's; the field is
+    read by TRL's own SFTConfig."""
     pytest.importorskip("trl")
     from trl import SFTConfig
 
@@ -249,23 +250,60 @@ def test_sft_activation_offload_is_trls_activation_offloading(tmp_path, capsys):
     args = SFTConfig(
         output_dir=str(tmp_path), use_cpu=True, **{**report["fragment"], "bf16": False}
     )
-    assert args.activation_offloading is True
+    assert args.gradient_checkpointing_kwargs == {"offload": True}
     tokens, h = report["chosen"]["tokens_per_gpu"], 4096
-    code, out = _plan(
-        tmp_path,
-        capsys,
-        QWEN3_8B,
-        *argv,
-        "--sp",
-        str(report["chosen"]["sp"]),
-        "--offload",
-        report["chosen"]["offload"],
-        "--json",
-    )
+    chosen = ["--sp", str(report["chosen"]["sp"]), "--offload", report["chosen"]["offload"]]
+    code, out = _plan(tmp_path, capsys, QWEN3_8B, *argv, *chosen, "--json")
     kept = json.loads(out.out)["bytes_per_gpu"]["activations kept (all layers)"]
     offloaded = report["bytes_per_gpu"]["activations kept (all layers)"]
     assert kept - offloaded == (36 - 2) * h * 2 * tokens  # 34 of 36 bf16 layer inputs on CPU
-    assert "activation_offloading" not in json.loads(out.out)["fragment"]
+    assert "gradient_checkpointing_kwargs" not in json.loads(out.out)["fragment"]
+
+
+def test_sft_on_fsdp_splits_by_context_parallel(tmp_path, capsys):
+    """TRL on FSDP2 with accelerate's context parallel (TRL's long-context guide): the states as
+    yarnlib finetune's FSDP2, the same activations at the local tokens; the accelerate config
+    and the SFTConfig fields read by their own loaders."""
+    pytest.importorskip("trl")
+    from accelerate.commands.config.config_args import load_config_from_file
+    from trl import SFTConfig
+
+    argv = ["--engine", "sft", "--backend", "fsdp", "--cp", "8", "--context", "1048576"]
+    argv += ["--gpus", "8", "--gpu-memory", "79GiB", "--offload", "none", "--activation-offload"]
+    code, out = _plan(tmp_path, capsys, QWEN3_8B, *argv, "--json")
+    report = json.loads(out.out)
+    assert report["chosen"]["cp"] == 8 and report["chosen"]["tokens_per_gpu"] == 131072
+    args = SFTConfig(
+        output_dir=str(tmp_path), use_cpu=True, **{**report["fragment"], "bf16": False}
+    )
+    assert args.pad_to_multiple_of == 16  # TRL pads to 2·cp_size
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(yaml.safe_dump(report["accelerate"]))
+    config = load_config_from_file(str(path))
+    assert config.distributed_type == "FSDP" and config.fsdp_config["fsdp_version"] == 2
+    assert config.parallelism_config["parallelism_config_cp_size"] == 8
+    shape = shape_from_config(QWEN3_8B)
+    setup = planner.Setup(
+        shape, "sft", 1048576, 8, 1, 79 * GIB, attn="sdpa", activation_offload=True
+    )
+    sft = planner.evaluate(setup, sp=1, cp=8, tp=1, offload="none")
+    finetune = planner.evaluate(planner.replace(setup, engine="finetune"), 1, 8, 1, "none")
+    for line in ("actor weights (fp32, sharded)", "AdamW states (sharded)",
+                 "FSDP working copies (bf16)", "layer recompute + backward"):  # fmt: skip
+        assert sft.lines[line] == finetune.lines[line], line
+
+
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--backend", "fsdp", "--sp", "2"], "sp"),  # TRL's Ulysses is DeepSpeed's
+        (["--cp", "2"], "cp"),  # context parallel runs on FSDP2
+    ],
+)
+def test_sft_parallelism_each_backend_runs(tmp_path, capsys, argv, field):
+    base = ["--engine", "sft", "--context", "65536", "--gpus", "8", "--gpu-memory", "80GiB"]
+    code, out = _plan(tmp_path, capsys, QWEN3_8B, *base, *argv)
+    assert code == 2 and f"error: {field}" in out.err and "allowed" in out.err
 
 
 @pytest.mark.parametrize("engine", ["finetune", "trl", "easyr1"])
@@ -364,7 +402,7 @@ def test_sft_fragment_read_by_trl_and_accelerate(tmp_path, capsys):
     "argv, field",
     [
         (["--sp", "8"], "sp"),  # Qwen2.5-7B's 28 heads do not split 8 ways
-        (["--backend", "fsdp"], "backend"),
+        (["--backend", "fsdp", "--sp", "4"], "sp"),  # on FSDP2 it splits by --cp
         (["--cp", "2"], "cp"),
     ],
 )

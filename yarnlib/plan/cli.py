@@ -271,7 +271,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory", required=True, help="memory of one GPU, e.g. 141GB or 80GiB")
     p.add_argument("--rollout-n", type=int, default=8, help="responses per prompt")
     p.add_argument("--sp", type=int, default=None, help="Ulysses degree (default: smallest fit)")
-    p.add_argument("--cp", type=int, default=None, help="context parallel degree (finetune)")
+    p.add_argument(
+        "--cp", type=int, default=None, help="context parallel degree (finetune; sft on fsdp)"
+    )
     p.add_argument("--tp", type=int, default=None, help="vLLM tensor parallel degree")
     p.add_argument("--offload", choices=planner.OFFLOAD, default=None)
     p.add_argument("--shard", choices=("full", "hybrid"), default="full")
@@ -279,8 +281,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--backend",
         choices=planner.BACKENDS,
         default=None,
-        help="finetune: FSDP2 (default) or DeepSpeed ZeRO-3 (--offload: its CPU offload); "
-        "sft, swift: deepspeed",
+        help="finetune: FSDP2 (default) or DeepSpeed ZeRO-3 (--offload: its CPU offload); sft: "
+        "deepspeed (default, Ulysses --sp) or fsdp (context parallel --cp); swift: deepspeed",
     )
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch per GPU")
     p.add_argument(
@@ -308,8 +310,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--activation-offload",
         action="store_true",
-        help="verl, sft: checkpointed activations to CPU (enable_activation_offload, "
-        "activation_offloading)",
+        help="verl, sft: checkpointed activations to CPU (enable_activation_offload; "
+        "transformers' checkpoint offload)",
     )
     p.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
     p.add_argument("--attn", choices=ATTENTION, default=None, help="default flash (sdpa with cp)")

@@ -216,10 +216,11 @@ def sft(plan: Plan) -> dict[str, Any]:
         **_trainer_fields(plan),
         "optim": s.optim,  # what the plan's optimizer step counts, whatever torch's default
         "max_length": s.context,
-        "pad_to_multiple_of": plan.sp,  # Ulysses splits every sequence into sp equal parts
+        # Ulysses splits every sequence into sp equal parts, context parallel into 2·cp chunks
+        "pad_to_multiple_of": 2 * plan.cp if plan.cp > 1 else plan.sp,
     }
-    if s.activation_offload:  # TRL's saved-tensor hooks: checkpoints to pinned CPU memory
-        fields["activation_offloading"] = True
+    if s.activation_offload:  # transformers' checkpoint offload: the layers' inputs to host
+        fields["gradient_checkpointing_kwargs"] = {"offload": True}
     if s.lora_rank:
         targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
         fields["peft_config"] = {"r": s.lora_rank, "target_modules": targets}

@@ -321,24 +321,27 @@ def _check(plan: Plan) -> None:
 
 
 def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
-    ulysses = s.engine in ("verl", "easyr1", "sft", "swift")
+    # TRL's Ulysses is DeepSpeed's (accelerate's sp backend); on FSDP2 it splits by --cp
+    ulysses = s.engine in ("verl", "easyr1", "swift") or (s.engine == "sft" and s.backend != "fsdp")
     if s.sp is not None:
         parallel.check_ulysses(s.shape, s.sp, s.world)
         if s.sp > 1 and not ulysses:
             raise ValueError(f"sp: {s.engine} has no Ulysses sequence parallel; allowed: 1")
     if s.cp is not None:
         parallel.check_context_parallel(s.cp, s.world, s.context)
-        if s.cp > 1 and s.engine != "finetune":
+        if s.cp > 1 and not (s.engine == "finetune" or (s.engine == "sft" and s.backend == "fsdp")):
             raise ValueError(
-                f"cp: context parallel is planned for finetune only, not {s.engine}; "
-                "allowed: --cp with --engine finetune (or Ulysses --sp)"
+                f"cp: context parallel runs on FSDP2 (accelerate's parallelism_config), planned "
+                f"for finetune and for sft with --backend fsdp, not {s.engine} on {s.backend}; "
+                "allowed: --cp with --engine finetune or --engine sft --backend fsdp (or Ulysses "
+                "--sp)"
             )
     if s.tp is not None:
         parallel.check_tensor_parallel(s.shape, s.tp, s.gpus)
     _check_engine_settings(s)
     sps = [s.sp] if s.sp else parallel.ulysses_degrees(s.shape, s.world) if ulysses else [1]
     cps = [s.cp] if s.cp else (parallel.context_parallel_degrees(s.world, s.context))
-    if s.engine != "finetune" or s.backend == "deepspeed":
+    if s.engine not in ("finetune", "sft") or s.backend == "deepspeed":
         cps = [1]
     tps = [s.tp] if s.tp else parallel.tensor_parallel_degrees(s.shape, s.gpus)
     if s.engine in TRAINING:
@@ -362,10 +365,10 @@ def _check_engine_settings(s: Setup) -> None:
             f"activation_offload: {s.engine} has no offload of the checkpointed activations "
             "the plan could set; allowed: --activation-offload with --engine verl or sft"
         )
-    if s.engine == "sft" and s.backend != "deepspeed":
+    if s.engine == "sft" and s.backend == "fsdp" and (s.sp or 1) > 1:
         raise ValueError(
-            "backend: sft runs Ulysses through DeepSpeed (accelerate's parallelism_config "
-            "sp backend); allowed: deepspeed"
+            "sp: TRL's Ulysses runs on DeepSpeed (accelerate's parallelism_config sp backend); "
+            "allowed: --sp with --backend deepspeed, or --cp with --backend fsdp"
         )
     if s.engine == "swift" and s.backend != "deepspeed":
         raise ValueError("backend: swift is planned under its DeepSpeed ZeRO-3; allowed: deepspeed")
@@ -406,7 +409,8 @@ def _check_engine_settings(s: Setup) -> None:
         return
     if s.engine not in TRAINING:
         raise ValueError(
-            f"backend: deepspeed is planned for finetune and sft, not {s.engine}; allowed: fsdp"
+            f"backend: deepspeed is planned for finetune, sft and swift, not {s.engine}; "
+            "allowed: fsdp"
         )
     if (s.cp or 1) > 1 or s.shard != "full":
         raise ValueError(
