@@ -83,10 +83,16 @@ def test_loss_head_of_a_sequence_shorter_than_the_chunk(engine, tokens):
 def test_loss_head_of_a_trl_completion_shorter_than_the_chunk():
     shape = shape_from_config(QWEN25_7B)
     setup = planner.Setup(
-        shape, "trl", 4096, 8, 1, 80 * GIB, prompt=3584, response=512, logits="chunked"
-    )
+        shape, "trl", 4096, 8, 1, 80 * GIB, prompt=3584, response=512, logits="chunked",
+        trl_version=(1, 12),  # Liger's fused linear cross-entropy, before TRL 1.15
+    )  # fmt: skip
     plan = planner.evaluate(setup, sp=1, cp=1, tp=1, offload="none")
     assert plan.lines[HEAD] == 12 * 512 * 152064  # TRL's loss covers the completion only
+    # since 1.15 its fused head, over the completion's rows too (the prompt's are masked)
+    fused = planner.evaluate(planner.replace(setup, trl_version=(1, 16)), 1, 1, 1, "none")
+    assert fused.lines[HEAD] == (8 * 512 + 6 * 152064) * 3584 + 2 * 512 * 32768
+    logprob = (3 * 18944 * 2 + 2 * 3584 * 4) * 4096  # a layer's transient outweighs the head
+    assert fused.lines["log-prob forward (no grad)"] == logprob
 
 
 @pytest.mark.parametrize("logits, liger", [("chunked", True), ("full", False)])
@@ -238,7 +244,8 @@ def test_trl_fused_head_is_trls_own_chunked_logprob():
     rows, hidden_size, vocab, narrow = 2048, 1024, 8192, 64
     shape = shape_from_config(tiny_config(vocab_size=vocab, hidden_size=hidden_size).to_dict())
     planned = memory.trl_fused_head_bytes(shape, rows)
-    assert planned == 6 * (rows + vocab) * hidden_size + 2 * rows * vocab
+    # plus, on a GPU, the labelled rows' hidden states gathered for it (``hidden_states[mask]``)
+    assert planned == (8 * rows + 6 * vocab) * hidden_size + 2 * rows * vocab
     torch.manual_seed(0)
     hidden = torch.randn(rows, hidden_size, dtype=torch.bfloat16, requires_grad=True)
     weight = torch.randn(vocab, hidden_size, dtype=torch.bfloat16, requires_grad=True)
@@ -259,7 +266,7 @@ def test_sft_plans_the_loss_of_its_trl_version():
     setup = planner.Setup(shape, "sft", 32768, 4, 1, 80 * GIB, backend="deepspeed")
     fused = planner.evaluate(setup, sp=1, cp=1, tp=1, offload="none")  # TRL 1.16, tested
     assert setup.logits_mode == "fused" and not setup.liger and not fused.reserved
-    assert fused.lines[HEAD] == 6 * (32768 + 152064) * 3584 + 2 * 4096 * 32768
+    assert fused.lines[HEAD] == (8 * 32768 + 6 * 152064) * 3584 + 2 * 4096 * 32768
     # use_liger_kernel on TRL 1.15+: Liger's layers, TRL's head (not Liger's 1024 rows)
     liger = planner.evaluate(planner.replace(setup, logits="chunked"), 1, 1, 1, "none")
     assert liger.lines[HEAD] == fused.lines[HEAD] and liger.lines[LAYER] < fused.lines[LAYER]
@@ -277,6 +284,10 @@ def test_sft_plans_the_loss_of_its_trl_version():
         (["--trl-version", "1.14"], "trl_version"),  # chunked_nll: not modelled
         (["--trl-version", "one"], "trl_version"),
         (["--engine", "finetune", "--trl-version", "1.12"], "trl_version"),
+        (
+            ["--engine", "trl", "--prompt", "1024", "--response", "15360", "--logits", "full"],
+            "logits",
+        ),  # fmt: skip
     ],
 )
 def test_trl_versions_it_does_not_plan(tmp_path, capsys, argv, field):

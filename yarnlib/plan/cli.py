@@ -325,8 +325,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trl-version",
         default=None,
-        help="sft: the TRL whose loss is planned (default 1.16: its fused LM head since 1.15; "
-        "before 1.13 the full logits, or Liger's with --logits chunked)",
+        help="sft, trl: the TRL whose loss is planned (default 1.16: its fused LM head since "
+        "1.15; before 1.13 the full logits, or Liger's with --logits chunked)",
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
     p.add_argument(

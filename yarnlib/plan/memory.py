@@ -186,15 +186,20 @@ def bf16_loss_bytes(shape: ModelShape, rows: int, chunk: int, p: Precision) -> i
     return (2 * rows + max(3 * first, 3 * second + first)) * vocab
 
 
+def _trl_tile(shape: ModelShape, rows: int) -> int:
+    """TRL's fused head computes the logits in tiles of 4096 rows × 32768 entries, bf16."""
+    return 2 * min(rows, 4096) * min(shape.vocab_size, 32768)
+
+
 def trl_fused_head_bytes(shape: ModelShape, rows: int) -> int:
     """Peak of TRL's fused LM head (1.15 and later; ``ChunkedLogProbFunction``) over ``rows``
-    positions, in its backward: it recomputes the logits tile by tile (4096 rows × 32768
-    vocabulary entries in bf16) and accumulates the grads of the hidden states and of the head's
-    weight in float32, then casts both to bf16 beside them: 6 bytes per element of rows × hidden
-    and of vocabulary × hidden, plus the tile. Traced on a real step in
-    ``tests/test_plan_terms.py``."""
-    tile = 2 * min(rows, 4096) * min(shape.vocab_size, 32768)
-    return 6 * (rows + shape.vocab_size) * shape.hidden_size + tile
+    labelled positions, in its backward: on a GPU it gathers their hidden states into a new
+    bf16 tensor kept for the backward (``hidden_states[mask]``, 2 bytes per element of rows ×
+    hidden), recomputes the logits tile by tile and accumulates the grads of the hidden states
+    and of the head's weight in float32, then casts both to bf16 beside them (6 bytes per
+    element of rows × hidden and of vocabulary × hidden), plus the tile. The function traced on
+    a real step in ``tests/test_plan_terms.py``; the gather read in ``add_fused_lm_head``."""
+    return (8 * rows + 6 * shape.vocab_size) * shape.hidden_size + _trl_tile(shape, rows)
 
 
 def cached_logits_bytes(shape: ModelShape, rows: int, p: Precision) -> int:
@@ -213,12 +218,20 @@ def activation_peak(acts: Activations) -> int:
     return acts.saved + max(acts.head, acts.recompute + acts.backward)
 
 
-def forward_peak(shape: ModelShape, tokens: int, p: Precision, rows: int) -> int:
+def forward_peak(
+    shape: ModelShape, tokens: int, p: Precision, rows: int, fused: bool = False
+) -> int:
     """A forward without grad (log-prob passes): one layer's largest transient (gate, up and
-    their product beside the residual stream) or the logits and log-softmax of ``rows``."""
+    their product beside the residual stream) or the logits and log-softmax of ``rows``; with
+    TRL's fused head (``fused``) its gathered hidden states, one tile and seven float32
+    running statistics per row instead of the logits."""
     experts = max(1, shape.num_experts_per_tok)
     layer = (3 * shape.intermediate_size * experts * p.compute + 2 * shape.hidden_size * 4) * tokens
-    return max(layer, (p.compute + 8) * rows * shape.vocab_size)
+    if fused:
+        head = 2 * rows * shape.hidden_size + _trl_tile(shape, rows) + 7 * 4 * rows
+    else:
+        head = (p.compute + 8) * rows * shape.vocab_size
+    return max(layer, head)
 
 
 def step_peak(

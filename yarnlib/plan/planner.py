@@ -114,16 +114,16 @@ class Setup:
         # verl: use_fused_kernels; EasyR1 and TRL (without Liger) take log-probs of full logits
         # SFTTrainer before TRL 1.15: transformers' loss over the full logits unless
         # use_liger_kernel; since, TRL's fused LM head whatever use_liger_kernel says
-        if self.engine == "sft" and self.trl_fused_head:
+        if self.trl_fused_head:
             return self.logits or "fused"
         full = ("easyr1", "trl", "sft", "swift")
         return self.logits or ("full" if self.engine in full else "chunked")
 
     @property
     def trl_fused_head(self) -> bool:
-        """TRL 1.15 and later compute the SFT loss with their own fused LM head
-        (``add_fused_lm_head``), whatever ``use_liger_kernel`` says."""
-        return self.engine == "sft" and self.trl_version >= TRL_FUSED_HEAD
+        """TRL 1.15 and later compute the SFT loss and GRPO's log-probs with their own fused
+        LM head (``add_fused_lm_head``), whatever ``use_liger_kernel`` says."""
+        return self.engine in ("sft", "trl") and self.trl_version >= TRL_FUSED_HEAD
 
     @property
     def liger(self) -> bool:
@@ -282,7 +282,7 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
     if s.engine in TRAINING:
         _check(plan)
         return plan
-    logprob = memory.forward_peak(s.shape, tokens, p, rows)
+    logprob = memory.forward_peak(s.shape, tokens, p, rows, fused=s.trl_fused_head)
     lines["log-prob forward (no grad)"] = logprob
     plan.phases["log-prob"] = resident + working + logprob + s.reserve
     plan.utilization = s.utilization or _utilization(s, resident)
@@ -383,22 +383,22 @@ def _check_engine_settings(s: Setup) -> None:
             f"optim: {s.engine} does not take transformers' optim (yarnlib finetune runs "
             "torch.optim.AdamW, for-each on CUDA); allowed: --optim with --engine sft or swift"
         )
-    if s.trl_version != TRL_TESTED and s.engine != "sft":
+    if s.trl_version != TRL_TESTED and s.engine not in ("sft", "trl"):
         raise ValueError(
-            f"trl_version: the loss by TRL version is planned for sft, not {s.engine}; allowed: "
-            "--trl-version with --engine sft"
+            f"trl_version: the loss by TRL version is planned for sft and trl, not {s.engine}; "
+            "allowed: --trl-version with --engine sft or trl"
         )
-    if s.engine == "sft" and TRL_FULL_LOGITS <= s.trl_version < TRL_FUSED_HEAD:
+    if TRL_FULL_LOGITS <= s.trl_version < TRL_FUSED_HEAD:
         raise ValueError(
-            f"trl_version: {'.'.join(map(str, s.trl_version))} computes the SFT loss in chunks "
-            "of its own (chunked_nll), which the plan does not model; allowed: before 1.13 "
-            "(the full logits, or Liger's), 1.15 or later (its fused LM head)"
+            f"trl_version: {'.'.join(map(str, s.trl_version))} computes its loss in chunks of "
+            "its own (chunked_nll), which the plan does not model; allowed: before 1.13 (the "
+            "full logits, or Liger's), 1.15 or later (its fused LM head)"
         )
     if s.trl_fused_head and s.logits == "full":
         raise ValueError(
-            "logits: TRL 1.15 and later never make the full logits for the SFT loss (their fused "
-            "LM head does it in tiles); allowed: leave --logits out, chunked (Liger's kernels in "
-            "the layers), or --trl-version below 1.13"
+            "logits: TRL 1.15 and later never make the full logits for the loss or the "
+            "log-probs (their fused LM head does it in tiles); allowed: leave --logits out, "
+            "chunked (Liger's kernels in the layers), or --trl-version below 1.13"
         )
     if s.sp_loss_chunk and s.engine != "swift":
         raise ValueError(
