@@ -7,6 +7,11 @@ shape and tokens: the checkpoints kept plus the larger of the head and one recom
 its backward. Rows already in the JSON are kept, so an interrupted run resumes.
 
     OMP_NUM_THREADS=2 python benchmarks/plan_layer.py        # 2k, 8k, 16k: ~7 min on 2 cores
+    python benchmarks/plan_layer.py --device cuda --tokens 65536 131072 262144 \
+        --out $OUT/plan_layer_cuda.json                      # a GPU: max_memory_allocated
+
+On a GPU the peak is ``torch.cuda.max_memory_allocated()`` over the step above what was
+allocated before it (the same step; SDPA picks the CUDA kernels there).
 """
 
 from __future__ import annotations
@@ -43,24 +48,33 @@ QWEN3_4B_LAYER = {
 }
 
 
-def measure(tokens: int) -> dict:
+def measure(tokens: int, device: str = "cpu") -> dict:
     config = AutoConfig.for_model(**QWEN3_4B_LAYER, max_position_embeddings=max(40960, tokens))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    model.to(torch.bfloat16).gradient_checkpointing_enable({"use_reentrant": False})
+    model.to(device, torch.bfloat16).gradient_checkpointing_enable({"use_reentrant": False})
     model.train()
-    ids = torch.randint(0, config.vocab_size, (1, tokens))
+    ids = torch.randint(0, config.vocab_size, (1, tokens), device=device)
 
     def step():
         causal_lm_loss(model, ids, chunk_size=1024)[0].backward()
 
     step()  # the grads exist from here on, as in training
-    peak = replay(trace(step)).peak_allocated
+    if device == "cpu":
+        peak = replay(trace(step)).peak_allocated
+    else:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
     shape = shape_from_config(config.to_dict())
     precision = memory.PRECISIONS["bf16-fsdp"]
     acts = memory.activations(shape, tokens, precision, checkpointing=True, attn="sdpa", chunk=1024)
     planned = memory.activation_peak(acts)
     return {
+        "device": device,
         "tokens": tokens,
         "measured_bytes": peak,
         "planned_bytes": planned,
@@ -88,11 +102,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[2048, 8192, 16384])
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--device", default="cpu", help="cpu (traced) or cuda")
     args = parser.parse_args()
     rows = json.loads(args.out.read_text())["rows"] if args.out.exists() else []
     done = {r["tokens"] for r in rows}
     for tokens in tqdm([t for t in args.tokens if t not in done], desc="layer", unit="row"):
-        rows.append(measure(tokens))
+        rows.append(measure(tokens, args.device))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"layer": QWEN3_4B_LAYER, "rows": rows}, indent=2) + "\n")
     print(table(rows))
