@@ -3,8 +3,9 @@ CPU: bf16 weights (as FSDP's mixed precision runs them), gradient checkpointing 
 default, non-reentrant), SDPA, a 2048-entry vocabulary so that the layer, not the loss head, is
 the step's peak. The step's allocations are traced and replayed through the allocator's rules
 (tests/caching_allocator.py); the plan's figure is ``memory.activation_peak`` for the same
-shape and tokens: the checkpoints kept plus the larger of the head and one recomputed layer with
-its backward. Rows already in the JSON are kept, so an interrupted run resumes.
+shape and tokens: the checkpoints kept plus the larger of the head (beside what the final norm
+keeps for it) and one recomputed layer with its backward. Rows already in the JSON are kept,
+so an interrupted run resumes.
 
     OMP_NUM_THREADS=2 python benchmarks/plan_layer.py        # 2k, 8k, 16k: ~7 min on 2 cores
     python benchmarks/plan_layer.py --device cuda --tokens 65536 131072 262144 \
@@ -83,6 +84,7 @@ def measure(tokens: int, device: str = "cpu") -> dict:
             "recompute": acts.recompute,
             "backward": acts.backward,
             "head": acts.head,
+            "final_norm": acts.final_norm,
         },
         "ratio": peak / planned,
     }

@@ -190,7 +190,7 @@ def test_activation_bytes_equal_what_autograd_saves(arch, attn, precision, check
     # tensors: the plan counts them either way
     width = 2 if precision == "bf16-fsdp" else 4  # cos and sin in the dtype of the layers' input
     kept = 2 * width * shape.head_dim * tokens if checkpointing else 0
-    assert acts.saved == measured + kept
+    assert acts.saved + acts.final_norm == measured + kept
 
 
 def test_activation_formulas_by_hand():
@@ -203,8 +203,10 @@ def test_activation_formulas_by_hand():
     assert memory.layer_bytes_per_token(shape, "flash", p) == per_token
     tokens = 32768
     acts = memory.activations(shape, tokens, p, checkpointing=True, chunk=1024)
-    extras = (4 + 2) * h + 4 + 2 * 128 * 2 + 8
-    assert acts.saved == 28 * h * 2 * tokens + extras * tokens
+    # bf16 cos and sin of head_dim 128, the input ids; the final norm's float32 input, bf16
+    # output and float32 rstd, kept for the head only
+    assert acts.saved == 28 * h * 2 * tokens + (2 * 128 * 2 + 8) * tokens
+    assert acts.final_norm == ((4 + 2) * h + 4) * tokens
     assert acts.recompute == per_token * tokens
     assert acts.head == 12 * 1024 * 152064  # float32 log-softmax, its grad, the logits' grad
     full = memory.activations(shape, tokens, p, checkpointing=False)

@@ -1,7 +1,7 @@
 """Terms of `yarnlib plan` that a slip in one factor would change without any other test
 noticing, each against a hand formula written out here (issue 52): ring attention's K and V
-gathers with context parallelism, the MLP's share of vLLM's tensor-parallel rule, and the loss
-head over a sequence shorter than a loss chunk."""
+gathered in the attention's backward with context parallelism, the MLP's share of vLLM's
+tensor-parallel rule, and the loss head over a sequence shorter than a loss chunk."""
 
 from pathlib import Path
 
@@ -32,21 +32,42 @@ def _qwen3_layer_bytes_per_token() -> int:
 
 
 @pytest.mark.parametrize("cp", [2, 4])
-def test_ring_attention_gathers_k_and_v_forward_and_backward(cp):
+def test_ring_attention_gathers_k_and_v_after_the_mlp_backward(cp):
+    """torch's ring (all-gather rotation) gathers K and V of the whole sequence in the
+    attention's backward, after the checkpoint's recomputed MLP tensors have been handed to
+    their backward and freed: for Qwen3-8B the MLP's backward stays the layer's peak."""
     shape = shape_from_config(QWEN3_8B)
     context = 131072
     setup = planner.Setup(shape, "finetune", context, 8, 1, 140 * GIB, cp=cp)
     tokens = context // cp
     layer = _qwen3_layer_bytes_per_token() * tokens
     transient = (2 * 12288 * 2 + 2 * 4096 * 2) * tokens  # mul backward + bf16 residual grads
-    # K and V of all 131072 tokens (8 kv heads × 128, bf16), gathered in the forward and again
-    # with their grads in the backward
-    gathered = 2 * 2 * context * 8 * 128 * 2
     plan = planner.evaluate(setup, sp=1, cp=cp, tp=1, offload="none")
-    assert plan.lines[LAYER] == layer + transient + gathered
-    # a second path: the same local tokens without context parallel differ by the gathers only
+    assert plan.lines[LAYER] == layer + transient
+    # a second path: the same local tokens without context parallel
     alone = planner.evaluate(planner.replace(setup, context=tokens, cp=1), 1, 1, 1, "none")
-    assert plan.lines[LAYER] - alone.lines[LAYER] == gathered
+    assert plan.lines[LAYER] == alone.lines[LAYER]
+
+
+def test_ring_attention_backward_is_the_peak_of_a_narrow_mlp():
+    # Qwen3-8B's attention with an MLP of 1024: at cp 8 the attention's backward is the peak
+    shape = shape_from_config({**QWEN3_8B, "intermediate_size": 1024})
+    context, cp = 131072, 8
+    tokens = context // cp
+    h, q, k, i = 4096, 32 * 128, 8 * 128, 1024
+    setup = planner.Setup(shape, "finetune", context, 8, 1, 140 * GIB, cp=cp)
+    plan = planner.evaluate(setup, sp=1, cp=cp, tp=1, offload="none")
+    layer = (_qwen3_layer_bytes_per_token() - 4 * 2 * 12288 + 4 * 2 * i) * tokens
+    # K and V of all 131072 tokens gathered once (bf16); per local token: two bf16 residual
+    # grads, the attention output's grad, float32 accumulators of the q, k, v grads and one
+    # ring step's bf16 grads, the kernel's float32 dq, the float32 K and V grads sent and
+    # received; minus the MLP's four tensors, the second norm's three and its rsqrt, freed
+    gathered = 2 * context * k * 2
+    ring = (2 * h * 2 + 2 * q + (4 + 2) * (q + 2 * k) + 4 * q + 2 * 2 * k * 4) * tokens
+    freed = (4 * 2 * i + (4 + 2 + 2) * h + 4) * tokens
+    mlp = (2 * i * 2 + 2 * h * 2) * tokens
+    assert gathered + ring - freed > mlp
+    assert plan.lines[LAYER] == layer + gathered + ring - freed
 
 
 def test_vllm_tp_needs_the_mlp_to_split():
@@ -112,8 +133,9 @@ def test_sft_with_liger_counts_its_rmsnorm_and_swiglu(logits, liger):
         transient -= i * 2 * tokens
     plan = planner.evaluate(setup, sp=1, cp=1, tp=1, offload="none")
     assert plan.lines[LAYER] == layer * tokens + transient
-    final_norm = (2 if liger else 4 + 2) * h  # Liger: bf16 input only; else float32 and bf16
-    rest = final_norm + 4 + 2 * 128 * 2 + 8  # final norm's rstd, cos and sin, input ids
+    final_norm = (2 if liger else 4 + 2) * h + 4  # Liger: bf16 input only; + float32 rstd
+    assert plan.lines["final norm (kept for the loss head)"] == final_norm * tokens
+    rest = 2 * 128 * 2 + 8  # bf16 cos and sin, input ids
     assert plan.lines["activations kept (all layers)"] == (36 * 2 * h + rest) * tokens
 
 
@@ -326,9 +348,10 @@ def test_the_plan_adds_the_cached_logits_to_the_reserved_total_only(engine):
     assert full.lines[planner.CACHED_LOGITS] == cached
     states = sum(v for k, v in full.lines.items() if k in planner.RESIDENT + planner.WORKING)
     kept = full.lines["activations kept (all layers)"]
-    allocated = states + kept + max(full.lines[HEAD], full.lines[LAYER])
+    head = full.lines["final norm (kept for the loss head)"] + full.lines[HEAD]
+    allocated = states + kept + max(head, full.lines[LAYER])
     assert full.phases["update"] == allocated + setup.reserve
-    reserved = states + kept + max(full.lines[HEAD] + cached, full.lines[LAYER])
+    reserved = states + kept + max(head + cached, full.lines[LAYER])
     assert full.reserved["update"] == reserved + setup.reserve > full.phases["update"]
     chunked = planner.evaluate(planner.replace(setup, logits="chunked"), 1, 1, 1, "none")
     assert planner.CACHED_LOGITS not in chunked.lines and not chunked.reserved
@@ -349,3 +372,21 @@ def test_the_cached_logits_do_not_decide_the_verdict():
     squeezed = planner.evaluate(between, 1, 1, 1, "none")
     assert squeezed.phases["update"] < between.gpu_bytes < squeezed.reserved["update"]
     assert squeezed.fits
+
+
+def test_the_final_norm_is_counted_beside_the_loss_head_only():
+    """The final norm's backward runs right after the loss head's and frees what it kept, before
+    any layer's recompute (benchmarks/plan_layer.py traces a real layer's step: with it beside
+    the recompute the plan was 8 % high)."""
+    shape = shape_from_config(QWEN3_8B)
+    h, tokens = 4096, 65536
+    final_norm = ((4 + 2) * h + 4) * tokens  # float32 input, bf16 output, float32 rstd
+    for logits, peak in (("chunked", LAYER), ("full", HEAD)):
+        setup = planner.Setup(shape, "finetune", tokens, 8, 1, 140 * GIB, logits=logits)
+        plan = planner.evaluate(setup, 1, 1, 1, "none")
+        assert plan.lines["final norm (kept for the loss head)"] == final_norm
+        states = sum(v for k, v in plan.lines.items() if k in planner.RESIDENT + planner.WORKING)
+        kept = plan.lines["activations kept (all layers)"]
+        beside = final_norm if peak == HEAD else 0
+        assert plan.lines[peak] + beside == max(plan.lines[LAYER], final_norm + plan.lines[HEAD])
+        assert plan.phases["update"] == states + kept + beside + plan.lines[peak] + setup.reserve

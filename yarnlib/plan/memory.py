@@ -99,11 +99,18 @@ def layer_bytes_per_token(
     return norms + attention_bytes(shape, attended, attn, p) + mlp + rsqrt
 
 
-def model_bytes_per_token(shape: ModelShape, p: Precision, liger: bool = False) -> int:
-    """Per token, outside the layers: final norm, rotary cos/sin, input ids."""
+def model_bytes_per_token(shape: ModelShape, p: Precision) -> int:
+    """Per token, outside the layers and kept through the whole backward: rotary cos/sin,
+    input ids."""
     rotary = 2 * shape.head_dim * (p.residual if not p.autocast else 4)
-    norm = (p.residual if liger else 4 + p.residual) * shape.hidden_size
-    return norm + 4 + rotary + 8
+    return rotary + 8
+
+
+def final_norm_bytes_per_token(shape: ModelShape, p: Precision, liger: bool = False) -> int:
+    """Per token, what the final norm keeps: its float32 input and output in the compute
+    dtype (Liger's: the input only) and a float32 rstd. Its backward runs right after the
+    loss head's, before any layer's, and frees them."""
+    return (p.residual if liger else 4 + p.residual) * shape.hidden_size + 4
 
 
 def linear_params(shape: ModelShape) -> int:
@@ -122,6 +129,7 @@ class Activations:
     recompute: int  # one layer recomputed in backward (checkpointing), else 0
     backward: int  # the largest transient of a layer's backward
     head: int  # the loss head's peak (logits, log-softmax and their grads)
+    final_norm: int  # kept by the final norm for the head; freed before a layer's backward
 
 
 def activations(
@@ -135,19 +143,22 @@ def activations(
     attended: int | None = None,
     offloaded: bool = False,
     liger: bool = False,
+    ring: bool = False,
 ) -> Activations:
     """``tokens``: this rank's tokens (sequence / context parallel: the local shard);
     ``attended``: keys a query attends (the full sequence; eager attention only);
     ``chunk``: loss chunk in tokens (0: the full logits); ``offloaded``: what the layers keep
     goes to CPU memory layer by layer, two layers' worth at most on the GPU (verl's
     ``enable_activation_offload``: one group offloading while the next computes); ``liger``:
-    Liger's RMSNorm and SwiGLU kernels in the layers (``use_liger_kernel``)."""
+    Liger's RMSNorm and SwiGLU kernels in the layers (``use_liger_kernel``); ``ring``: context
+    parallel, ``tokens`` a shard of ``attended``."""
     attended = tokens if attended is None else attended
     layer = layer_bytes_per_token(shape, attn, p, attended, liger) * tokens
     weights = 2 * linear_params(shape) if p.autocast else 0  # bf16 copies kept per layer
     per_layer = shape.hidden_size * p.residual * tokens if checkpointing else layer + weights
     layers = min(2, shape.num_hidden_layers) if offloaded else shape.num_hidden_layers
-    saved = layers * per_layer + model_bytes_per_token(shape, p, liger) * tokens
+    saved = layers * per_layer + model_bytes_per_token(shape, p) * tokens
+    final_norm = final_norm_bytes_per_token(shape, p, liger) * tokens
     # mul backward of act(gate) * up: its two output grads beside the incoming one, while the
     # product down_proj kept is already freed (Liger: the incoming grad only, the two written
     # over gate and up); plus the grads of the residual stream in and out, in its dtype
@@ -155,12 +166,33 @@ def activations(
     backward = (mlp_grads + 2 * shape.hidden_size * p.residual) * tokens
     if shape.num_experts:
         backward *= shape.num_experts_per_tok
+    if ring:  # the attention's backward comes after the MLP side has been freed
+        h = shape.hidden_size
+        freed = (mlp_bytes(shape, p, liger) + _norm(h, 2, p, liger) + 4) * tokens
+        backward = max(backward, ring_backward_bytes(shape, tokens, attended, p) - freed)
     rows = min(chunk, tokens) if chunk else tokens
     head = logits_bytes(shape, rows, p)
     # a float32 residual stream: the first norm's float32 input is the layer's input itself,
     # which checkpointing keeps in ``saved``; the recompute does not make it a second time
     shared = shape.hidden_size * 4 * tokens if p.residual == 4 else 0
-    return Activations(saved, layer + weights - shared if checkpointing else 0, backward, head)
+    recompute = layer + weights - shared if checkpointing else 0
+    return Activations(saved, recompute, backward, head, final_norm)
+
+
+def ring_backward_bytes(shape: ModelShape, tokens: int, context: int, p: Precision) -> int:
+    """A layer's transient at its attention's backward under torch's context parallel (ring
+    attention, all-gather rotation, the default): K and V of the whole ``context`` gathered
+    once into one buffer; float32 accumulators for the grads of the local q, k and v
+    (``convert_to_f32``); one ring step's grads from the attention kernel in the compute dtype
+    and the kernel's float32 dq accumulator; the float32 K and V grads passed on around the
+    ring, sent and received; plus the grad of the attention output and the two residual grads.
+    Read in ``torch/distributed/tensor/experimental/_context_parallel/_attention.py``
+    (``_templated_ring_attention_backward``); not measured (it needs GPUs)."""
+    c, q, k = p.compute, shape.q_width, shape.kv_width
+    gathered = 2 * context * k * c
+    per_token = 2 * shape.hidden_size * p.residual + c * q + (4 + c) * (q + 2 * k)
+    per_token += 4 * q + 2 * 2 * k * 4
+    return gathered + per_token * tokens
 
 
 def logits_bytes(shape: ModelShape, rows: int, p: Precision) -> int:
@@ -214,8 +246,9 @@ def cached_logits_bytes(shape: ModelShape, rows: int, p: Precision) -> int:
 
 
 def activation_peak(acts: Activations) -> int:
-    """The saved activations plus the larger of the head's and a layer's backward transient."""
-    return acts.saved + max(acts.head, acts.recompute + acts.backward)
+    """The saved activations plus the larger of the head's peak (beside what the final norm
+    keeps for it) and a layer's backward transient (the final norm's backward has run)."""
+    return acts.saved + max(acts.final_norm + acts.head, acts.recompute + acts.backward)
 
 
 def forward_peak(

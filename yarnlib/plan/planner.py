@@ -247,6 +247,7 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
         attended=s.context,
         offloaded=s.activation_offload,
         liger=s.liger,
+        ring=cp > 1,
     )
     rows = min(chunk or head_rows, head_rows)
     if s.swift_sp_loss(sp):
@@ -256,11 +257,9 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
     else:
         head = memory.logits_bytes(s.shape, rows, p)
     acts = replace(acts, head=head)
-    if cp > 1:  # ring attention all-gathers K and V of the whole sequence, forward and backward
-        gathered = 2 * 2 * s.context * s.shape.kv_width * p.compute
-        acts = replace(acts, backward=acts.backward + gathered)
     lines = _states(s, offload)
     lines["activations kept (all layers)"] = acts.saved
+    lines["final norm (kept for the loss head)"] = acts.final_norm
     lines["layer recompute + backward"] = acts.recompute + acts.backward
     lines["loss head (logits, log-softmax, grads)"] = acts.head
     resident = sum(v for k, v in lines.items() if k in RESIDENT)
