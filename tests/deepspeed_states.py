@@ -3,7 +3,8 @@
 given torch's AdamW as transformers' Trainer and yarnlib finetune give it, for-each and fused;
 two steps each. Prints, as JSON, the bytes of what it keeps per rank and the allocated peak of
 its second optimizer step above what was there before it (the step's allocations traced and
-replayed through tests/caching_allocator.py)."""
+replayed through tests/caching_allocator.py); and the bytes of a reference model initialized
+with the same config and no optimizer, as TRL's GRPO prepares one."""
 
 import json
 import os
@@ -51,6 +52,16 @@ def engine_run(fields: dict, kind: str) -> dict:
     }
 
 
+def reference_weights(fields: dict) -> int:
+    """What TRL's GRPO reference model keeps under ZeRO-3: ``prepare_deepspeed`` initializes
+    it with the trainer's config and no optimizer."""
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**fields))
+    engine, *_ = deepspeed.initialize(model=model, config=CONFIG)
+    engine.eval()
+    return sum(nbytes(p.ds_tensor) for p in model.parameters())
+
+
 if __name__ == "__main__":
     fields = json.loads(sys.argv[2])
-    print(json.dumps({kind: engine_run(fields, kind) for kind in ("foreach", "fused")}))
+    engines = {kind: engine_run(fields, kind) for kind in ("foreach", "fused")}
+    print(json.dumps({**engines, "reference": reference_weights(fields)}))

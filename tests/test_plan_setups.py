@@ -124,6 +124,10 @@ def test_zero3_states_are_what_a_deepspeed_engine_keeps(tmp_path):
         assert (
             lines[planner.ZERO3_STEP] <= measured["step_peak"] <= lines[planner.ZERO3_STEP] + 2**14
         )
+    # TRL's GRPO reference model: the same config without an optimizer (prepare_deepspeed)
+    grpo = planner.Setup(shape, "trl", 16, 1, 1, 80 * GIB, backend="deepspeed", response=8)
+    lines = planner.evaluate(grpo, 1, 1, 1, "none").lines
+    assert lines["reference model (bf16, ZeRO-3 sharded)"] == engines["reference"]
 
 
 @pytest.mark.parametrize("offload", ["none", "optimizer", "all"])
@@ -149,7 +153,7 @@ def test_accelerate_reads_the_deepspeed_config(tmp_path, capsys, offload):
     "engine, argv",
     [
         ("verl", ["--context", "8192"]),
-        ("trl", ["--context", "8192"]),
+        ("easyr1", ["--context", "8192"]),
         ("finetune", ["--context", "8192", "--cp", "2"]),
         ("finetune", ["--context", "8192", "--shard", "hybrid", "--nodes", "2"]),
     ],
@@ -158,6 +162,46 @@ def test_deepspeed_where_it_is_not_planned(tmp_path, capsys, engine, argv):
     argv = ["--engine", engine, *argv, "--gpus", "8", "--gpu-memory", "80GiB"]
     code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv, "--backend", "deepspeed")
     assert code == 2 and "error: backend: deepspeed" in out.err and "allowed" in out.err
+
+
+@pytest.mark.parametrize("offload", ["none", "all"])
+def test_trl_grpo_on_deepspeed(tmp_path, capsys, offload):
+    """TRL's GRPOTrainer under accelerate's DeepSpeed ZeRO-3: the actor's ZeRO-3 states, the
+    reference model as TRL's prepare_deepspeed shards it (bf16, 2 bytes per parameter over
+    the ranks; on the CPU with the parameters), and a rollout beside ZeRO-3's grad buffer,
+    which it keeps after the step (FSDP frees its grads)."""
+    pytest.importorskip("trl")
+    from accelerate.commands.config.config_args import load_config_from_file
+    from trl import GRPOConfig
+
+    argv = ["--engine", "trl", "--backend", "deepspeed", "--offload", offload, "--optim"]
+    argv += ["adamw_torch", "--prompt", "4096", "--response", "28672", "--gpus", "8"]
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv, "--gpu-memory", "140GiB", "--json")
+    report = json.loads(out.out)
+    assert code == 0 and report["chosen"]["backend"] == "deepspeed"
+    lines, phases = report["bytes_per_gpu"], report["phases"]
+    params = shape_from_config(QWEN25_7B).params
+    assert lines["reference model (bf16, ZeRO-3 sharded)"] == (2 * params // 8) * (offload != "all")
+    assert "reference model (fp32, sharded)" not in lines
+    resident = sum(v for k, v in lines.items() if k in planner.RESIDENT)
+    vllm = int(report["chosen"]["gpu_memory_utilization"] * 140 * GIB)
+    assert phases["rollout"] == resident + vllm + 2 * GIB
+    fields = {**report["fragment"], "bf16": False}
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, **fields)
+    assert args.optim == "adamw_torch" and args.use_vllm and args.vllm_mode == "colocate"
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(yaml.safe_dump(report["accelerate"]))
+    config = load_config_from_file(str(path))
+    assert config.distributed_type == "DEEPSPEED" and config.deepspeed_config["zero_stage"] == 3
+    offloaded = config.deepspeed_config["offload_param_device"]
+    assert offloaded == ("cpu" if offload == "all" else "none")
+
+
+@pytest.mark.parametrize("engine", ["verl", "easyr1", "finetune"])
+def test_optim_where_transformers_does_not_build_the_optimizer(tmp_path, capsys, engine):
+    argv = ["--engine", engine, "--context", "8192", "--gpus", "8", "--gpu-memory", "80GiB"]
+    code, out = _plan(tmp_path, capsys, QWEN25_7B, *argv, "--optim", "adamw_torch")
+    assert code == 2 and "error: optim" in out.err and "sft, swift or trl" in out.err
 
 
 @pytest.mark.parametrize("engine", ["verl", "finetune"])

@@ -281,8 +281,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--backend",
         choices=planner.BACKENDS,
         default=None,
-        help="finetune: FSDP2 (default) or DeepSpeed ZeRO-3 (--offload: its CPU offload); sft: "
-        "deepspeed (default, Ulysses --sp) or fsdp (context parallel --cp); swift: deepspeed",
+        help="finetune, trl: FSDP2 (default) or DeepSpeed ZeRO-3 (--offload: its CPU offload); "
+        "sft: deepspeed (default, Ulysses --sp) or fsdp (context parallel --cp); swift: deepspeed",
     )
     p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch per GPU")
     p.add_argument(
@@ -304,7 +304,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--optim",
         choices=planner.OPTIMIZERS,
         default=None,
-        help="sft, swift: transformers' optimizer (default adamw_torch_fused; adamw_torch is "
+        help="sft, swift, trl: transformers' optimizer (default adamw_torch_fused; adamw_torch is "
         "for-each, its default before torch 2.8, one more fp32 copy at the ZeRO-3 step)",
     )
     p.add_argument(

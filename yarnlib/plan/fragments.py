@@ -116,11 +116,13 @@ def _trainer_fields(plan: Plan) -> dict[str, Any]:
         "gradient_checkpointing": s.checkpointing,
         "per_device_train_batch_size": s.micro_batch,  # sequences per micro-batch
         "use_liger_kernel": s.logits_mode == "chunked",
+        "optim": s.optim,  # what the plan's optimizer step counts, whatever torch's default
     }
 
 
 def trl(plan: Plan) -> dict[str, Any]:
-    """``GRPOConfig`` keyword arguments (the actor's FSDP comes from ``accelerate(plan)``)."""
+    """``GRPOConfig`` keyword arguments (the actor's FSDP or ZeRO-3 comes from
+    ``accelerate(plan)``)."""
     s = plan.setup
     fields = {
         **_trainer_fields(plan),
@@ -214,7 +216,6 @@ def sft(plan: Plan) -> dict[str, Any]:
     s = plan.setup
     fields = {
         **_trainer_fields(plan),
-        "optim": s.optim,  # what the plan's optimizer step counts, whatever torch's default
         "max_length": s.context,
         # Ulysses splits every sequence into sp equal parts, context parallel into 2·cp chunks
         "pad_to_multiple_of": 2 * plan.cp if plan.cp > 1 else plan.sp,

@@ -54,6 +54,7 @@ RESIDENT = (
     "ZeRO-3 bf16 weights (sharded)",
     "ZeRO-3 fp32 master and AdamW (sharded)",
     "ZeRO-3 grads (bf16, sharded)",
+    "reference model (bf16, ZeRO-3 sharded)",
 )
 # reserved, not allocated: the freed logits block the loss backward cannot reuse
 CACHED_LOGITS = "allocator cache (freed logits; reserved)"
@@ -196,16 +197,20 @@ def _zero3_states(s: Setup, offload: str) -> dict[str, int]:
     optimizer offloaded the grads and states live on the CPU, with the parameters offloaded the
     weights too. Plus the largest module gathered with its grads, 4 bytes per parameter (for
     these models the embedding or the output head). With LoRA the base is frozen: its bf16
-    weights only, gathered without grads, and the master, moments and grads are the adapter's."""
+    weights only, gathered without grads, and the master, moments and grads are the adapter's.
+    TRL's GRPO reference model (``prepare_deepspeed``: the trainer's ZeRO-3 config without an
+    optimizer) keeps bf16 partitions, on the CPU with the parameters offloaded."""
     params, trained = s.shape.params, s.trained_params
     weights = 2 * (params + trained) // s.world if offload != "all" else 0
     on_gpu = (trained or params) // s.world if offload == "none" else 0
     largest = s.shape.largest_module_params
+    reference = 2 * params // s.world if s.reference and s.engine in GRPO else 0
     return {
         "ZeRO-3 bf16 weights (sharded)": weights,
         "ZeRO-3 fp32 master and AdamW (sharded)": 12 * on_gpu,
         "ZeRO-3 grads (bf16, sharded)": 2 * on_gpu,
         "ZeRO-3 gathered module (bf16 weights, grads)": (2 if trained else 4) * largest,
+        "reference model (bf16, ZeRO-3 sharded)": reference if offload != "all" else 0,
     }
 
 
@@ -292,8 +297,10 @@ def evaluate(s: Setup, sp: int, cp: int, tp: int, offload: str) -> Plan:
     lines["vLLM weights (bf16, per TP rank)"] = rollout.weight_bytes(s.shape, tp)
     lines["vLLM KV cache"] = plan.kv.budget
     vllm = int(plan.utilization * s.gpu_bytes)
-    # the actor's grads are freed after its step; the rollout sees weights and optimizer only
-    plan.phases["rollout"] = resident - lines["actor grads (fp32, sharded)"] + vllm + s.reserve
+    # FSDP frees the actor's grads after its step (the rollout sees weights and optimizer only);
+    # ZeRO-3 keeps its flat grad buffer
+    grads = lines.get("actor grads (fp32, sharded)", 0)
+    plan.phases["rollout"] = resident - grads + vllm + s.reserve
     _check(plan)
     return plan
 
@@ -377,10 +384,11 @@ def _check_engine_settings(s: Setup) -> None:
             "the parameters with the optimizer); allowed: none (--deepspeed zero3), all "
             "(--deepspeed zero3_offload)"
         )
-    if s.optim != OPTIMIZERS[0] and s.engine not in ("sft", "swift"):
+    if s.optim != OPTIMIZERS[0] and s.engine not in ("sft", "swift", "trl"):
         raise ValueError(
             f"optim: {s.engine} does not take transformers' optim (yarnlib finetune runs "
-            "torch.optim.AdamW, for-each on CUDA); allowed: --optim with --engine sft or swift"
+            "torch.optim.AdamW, for-each on CUDA); allowed: --optim with --engine sft, swift "
+            "or trl"
         )
     if s.trl_version != TRL_TESTED and s.engine not in ("sft", "trl"):
         raise ValueError(
@@ -406,9 +414,9 @@ def _check_engine_settings(s: Setup) -> None:
         )
     if s.backend == "fsdp":
         return
-    if s.engine not in TRAINING:
+    if s.engine not in (*TRAINING, "trl"):
         raise ValueError(
-            f"backend: deepspeed is planned for finetune, sft and swift, not {s.engine}; "
+            f"backend: deepspeed is planned for finetune, sft, swift and trl, not {s.engine}; "
             "allowed: fsdp"
         )
     if (s.cp or 1) > 1 or s.shard != "full":
