@@ -197,9 +197,10 @@ ROWS = [
 ROWS += [
     (
         TRL_1M,
-        "Qwen3-8B full SFT (TRL SFTTrainer, its fused LM head), 1048576, 8×H100 80GB, FSDP2 with "
-        "context parallel 8 (accelerate), checkpointing with transformers' `offload`, batch 1, "
-        "YaRN ×32: the run the issue cites",
+        "Qwen3-8B full SFT (TRL SFTTrainer; measured with TRL 1.13's `chunked_nll` loss, planned "
+        "with 1.16's fused LM head: the peak is a layer's backward either way), 1048576, "
+        "8×H100 80GB, FSDP2 with context parallel 8 (accelerate), checkpointing with "
+        "transformers' `offload`, batch 1, YaRN ×32: the run the issue cites",
         int(56.2 * GIB),
         ALLOCATED,
         "ran",
@@ -208,8 +209,9 @@ ROWS += [
     ),
     (
         TRL_GUIDE,
-        "Qwen3-4B full SFT (TRL SFTTrainer, its fused LM head), 1048576, 4×H100 80GB, FSDP2 with "
-        "context parallel 4, checkpointing with `offload`, YaRN (the guide: 'needs 63.6 GB')",
+        "Qwen3-4B full SFT (TRL SFTTrainer, its chunked loss; planned with 1.16's fused LM head, "
+        "the peak a layer's backward), 1048576, 4×H100 80GB, FSDP2 with context parallel 4, "
+        "checkpointing with `offload`, YaRN (the guide: 'needs 63.6 GB')",
         int(63.6 * GIB),
         ALLOCATED,
         "ran",

@@ -197,6 +197,14 @@ def test_trl_grpo_on_deepspeed(tmp_path, capsys, offload):
     assert offloaded == ("cpu" if offload == "all" else "none")
 
 
+@pytest.mark.parametrize("engine", ["finetune", "trl"])
+def test_sp_where_the_engine_has_no_ulysses_names_the_engines_that_do(tmp_path, capsys, engine):
+    argv = ["--engine", engine, "--context", "8192", "--gpus", "8", "--gpu-memory", "80GiB"]
+    code, out = _plan(tmp_path, capsys, QWEN3_8B, *argv, "--sp", "2")
+    assert code == 2 and f"error: sp: {engine} has no Ulysses" in out.err
+    assert "--engine sft on DeepSpeed" in out.err and "--cp" in out.err
+
+
 @pytest.mark.parametrize("engine", ["verl", "easyr1", "finetune"])
 def test_optim_where_transformers_does_not_build_the_optimizer(tmp_path, capsys, engine):
     argv = ["--engine", engine, "--context", "8192", "--gpus", "8", "--gpu-memory", "80GiB"]

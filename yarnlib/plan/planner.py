@@ -332,7 +332,11 @@ def _candidates(s: Setup) -> tuple[list[int], list[int], list[int], list[str]]:
     if s.sp is not None:
         parallel.check_ulysses(s.shape, s.sp, s.world)
         if s.sp > 1 and not ulysses:
-            raise ValueError(f"sp: {s.engine} has no Ulysses sequence parallel; allowed: 1")
+            raise ValueError(
+                f"sp: {s.engine} has no Ulysses sequence parallel; allowed: 1 (Ulysses for "
+                "fine-tuning: --engine sft on DeepSpeed, accelerate's parallelism config, or "
+                "--engine swift; a sequence split on FSDP2: --cp)"
+            )
     if s.cp is not None:
         parallel.check_context_parallel(s.cp, s.world, s.context)
         if s.cp > 1 and not (s.engine == "finetune" or (s.engine == "sft" and s.backend == "fsdp")):
