@@ -60,10 +60,11 @@ def test_ring_attention_backward_is_the_peak_of_a_narrow_mlp():
     layer = (_qwen3_layer_bytes_per_token() - 4 * 2 * 12288 + 4 * 2 * i) * tokens
     # K and V of all 131072 tokens gathered once (bf16); per local token: two bf16 residual
     # grads, the attention output's grad, float32 accumulators of the q, k, v grads and one
-    # ring step's bf16 grads, the kernel's float32 dq, the float32 K and V grads sent and
-    # received; minus the MLP's four tensors, the second norm's three and its rsqrt, freed
+    # ring step's bf16 grads, the kernel's float32 dq and its K and V grads at 32 heads (8 kv
+    # heads: grouped-query), the float32 K and V grads sent and received; minus the MLP's four
+    # tensors, the second norm's three and its rsqrt, freed
     gathered = 2 * context * k * 2
-    ring = (2 * h * 2 + 2 * q + (4 + 2) * (q + 2 * k) + 4 * q + 2 * 2 * k * 4) * tokens
+    ring = (2 * h * 2 + 2 * q + (4 + 2) * (q + 2 * k) + 4 * q + 2 * 2 * q + 2 * 2 * k * 4) * tokens
     freed = (4 * 2 * i + (4 + 2 + 2) * h + 4) * tokens
     mlp = (2 * i * 2 + 2 * h * 2) * tokens
     assert gathered + ring - freed > mlp

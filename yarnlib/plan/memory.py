@@ -183,15 +183,17 @@ def ring_backward_bytes(shape: ModelShape, tokens: int, context: int, p: Precisi
     """A layer's transient at its attention's backward under torch's context parallel (ring
     attention, all-gather rotation, the default): K and V of the whole ``context`` gathered
     once into one buffer; float32 accumulators for the grads of the local q, k and v
-    (``convert_to_f32``); one ring step's grads from the attention kernel in the compute dtype
-    and the kernel's float32 dq accumulator; the float32 K and V grads passed on around the
-    ring, sent and received; plus the grad of the attention output and the two residual grads.
-    Read in ``torch/distributed/tensor/experimental/_context_parallel/_attention.py``
+    (``convert_to_f32``); one ring step's grads from the attention kernel in the compute dtype,
+    the kernel's float32 dq accumulator and, with grouped-query attention, its K and V grads at
+    the query heads' width before their sum (flash attention's backward); the float32 K and V
+    grads passed on around the ring, sent and received; plus the grad of the attention output
+    and the two residual grads. Read in
+    ``torch/distributed/tensor/experimental/_context_parallel/_attention.py``
     (``_templated_ring_attention_backward``); not measured (it needs GPUs)."""
     c, q, k = p.compute, shape.q_width, shape.kv_width
     gathered = 2 * context * k * c
     per_token = 2 * shape.hidden_size * p.residual + c * q + (4 + c) * (q + 2 * k)
-    per_token += 4 * q + 2 * 2 * k * 4
+    per_token += 4 * q + (2 * c * q if k < q else 0) + 2 * 2 * k * 4
     return gathered + per_token * tokens
 
 
