@@ -171,7 +171,7 @@ def report(setup: planner.Setup) -> dict:
         "fits": plan.fits,
         "problems": plan.problems,
     }
-    if s.engine in ("sft", "swift"):
+    if s.engine in ("sft", "swift", "trl"):
         out["chosen"]["optim"] = s.optim
     if plan.kv is not None:
         out["chosen"]["gpu_memory_utilization"] = plan.utilization
@@ -188,6 +188,8 @@ def report(setup: planner.Setup) -> dict:
             out["accelerate"] = fragments.accelerate(plan)
         if s.engine == "finetune":
             out["command"] = fragments.finetune_command(plan)
+        if s.engine == "sft":
+            out["command"] = fragments.sft_command(plan)
         if s.engine == "swift":
             out["command"] = fragments.swift_command(plan)
     else:
@@ -238,7 +240,10 @@ def format_report(r: dict) -> str:
         lines += ["fits: yes", "", f"# {run['engine']} settings (merge into your recipe)"]
         lines.append(yaml.safe_dump(r["fragment"], sort_keys=False).rstrip())
         if "accelerate" in r:
-            lines += ["# accelerate config for the actor", yaml.safe_dump(r["accelerate"])]
+            lines += [
+                "# accelerate config for the actor (plan_accelerate.yaml)",
+                yaml.safe_dump(r["accelerate"]),
+            ]
         if "command" in r:
             lines += ["# then", r["command"]]
     else:
