@@ -73,3 +73,14 @@ def test_every_doc_command_is_accepted_by_the_parser():
         f"{c.where}: {c.text}\n    {e}" for c in commands if (e := doc_commands.parse_error(c))
     ]
     assert not broken, "doc commands yarnlib rejects:\n" + "\n".join(broken)
+
+
+def test_every_benchmark_script_is_in_the_index():
+    # benchmarks/README.md opens with one index of the scripts by purpose; a new script that is
+    # not in it, or a listed one that is gone, fails here
+    readme = (REPO / "benchmarks" / "README.md").read_text()
+    index = readme.split("\n## ")[0]
+    names = (word.strip("`(),") for word in index.split())
+    listed = {name for name in names if name.endswith((".py", ".sh"))}
+    scripts = {p.name for p in (REPO / "benchmarks").iterdir() if p.suffix in (".py", ".sh")}
+    assert scripts == listed
