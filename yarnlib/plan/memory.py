@@ -17,9 +17,10 @@ The activation terms count what autograd keeps for backward in a transformers de
                  (``LigerRMSNormFunction``: X, W, RSTD); its SwiGLU keeps gate and up only and
                  writes their grads over them in backward (``LigerSiLUMulFunction``: a, b)
 
-``tests/test_plan_memory.py`` checks these sums against the bytes autograd saves in real
-transformers models, and ``benchmarks/plan_memory.py`` the resulting peaks against measured
-ones.
+Outside the layers, the final norm keeps its float32 input, output and rstd for the loss head
+only (its backward frees them before any layer's). ``tests/test_plan.py`` checks these sums
+against the bytes autograd saves in real transformers models, ``benchmarks/plan_memory.py`` the
+resulting peaks against measured ones, ``benchmarks/plan_layer.py`` one recomputed layer's.
 """
 
 from __future__ import annotations
